@@ -1,0 +1,152 @@
+{{/*
+Chart name, truncated to the 63 characters of a DNS label.
+*/}}
+{{- define "outbox-relay.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, or the release name alone when it already
+contains the chart name.
+*/}}
+{{- define "outbox-relay.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "outbox-relay.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "outbox-relay.labels" -}}
+helm.sh/chart: {{ include "outbox-relay.chart" . }}
+{{ include "outbox-relay.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "outbox-relay.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "outbox-relay.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "outbox-relay.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "outbox-relay.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "outbox-relay.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "outbox-relay.databaseSecretName" -}}
+{{- default (printf "%s-database" (include "outbox-relay.fullname" .)) .Values.database.existingSecret }}
+{{- end }}
+
+{{/*
+Renders a config value as an environment variable string. Helm reads YAML
+numbers as float64, which would print 100000 as "1e+05": whole numbers are
+printed as integers.
+*/}}
+{{- define "outbox-relay.envValue" -}}
+{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) }}
+{{- printf "%d" (int64 .) }}
+{{- else }}
+{{- toString . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Seconds in an OUTBOX_* duration (500ms, 30s, 5m, 2h, 7d), rounded up.
+values.schema.json has already checked the form.
+*/}}
+{{- define "outbox-relay.durationSeconds" -}}
+{{- $d := toString . }}
+{{- $digits := regexFind "^[0-9]+" $d }}
+{{- $n := int64 $digits }}
+{{- $unit := trimPrefix $digits $d }}
+{{- if eq $unit "ms" }}{{ div (add $n 999) 1000 }}
+{{- else if or (eq $unit "s") (eq $unit "") }}{{ $n }}
+{{- else if eq $unit "m" }}{{ mul $n 60 }}
+{{- else if eq $unit "h" }}{{ mul $n 3600 }}
+{{- else if eq $unit "d" }}{{ mul $n 86400 }}
+{{- else }}{{ fail (printf "cannot read duration %q" $d) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Port of OUTBOX_HTTP_ADDR: the container port, the probes and the Service all
+follow it, so changing the listen address cannot break them.
+*/}}
+{{- define "outbox-relay.httpPort" -}}
+{{- $addr := toString .Values.config.OUTBOX_HTTP_ADDR }}
+{{- $host := regexReplaceAll ":[0-9]+$" $addr "" }}
+{{- if not (has $host (list "0.0.0.0" "[::]" "")) }}
+{{- fail (printf "config.OUTBOX_HTTP_ADDR=%q: listen on 0.0.0.0 or [::], the kubelet probes and Prometheus reach the pod on its pod IP" $addr) }}
+{{- end }}
+{{- regexFind "[0-9]+$" $addr }}
+{{- end }}
+
+{{/*
+Checks across values that values.schema.json cannot express. Included by the
+Deployment, so every render runs them.
+*/}}
+{{- define "outbox-relay.validate" -}}
+{{- $c := .Values.config }}
+{{- $timeout := include "outbox-relay.durationSeconds" $c.OUTBOX_PUBLISH_TIMEOUT | int64 }}
+{{- if le (int64 .Values.terminationGracePeriodSeconds) $timeout }}
+{{- fail (printf "terminationGracePeriodSeconds=%v must be greater than config.OUTBOX_PUBLISH_TIMEOUT (%s = %ds): a relay stopping must be able to finish its in-flight batch" .Values.terminationGracePeriodSeconds $c.OUTBOX_PUBLISH_TIMEOUT $timeout) }}
+{{- end }}
+{{- $liveness := mul (int64 .Values.livenessProbe.periodSeconds) (int64 .Values.livenessProbe.failureThreshold) }}
+{{- if le $liveness $timeout }}
+{{- fail (printf "livenessProbe.periodSeconds x failureThreshold = %ds must be greater than config.OUTBOX_PUBLISH_TIMEOUT (%ds), or the kubelet may kill a relay waiting on a slow publish" $liveness $timeout) }}
+{{- end }}
+{{- if and (eq $c.OUTBOX_SINK "sqs") (not $c.OUTBOX_SQS_QUEUE_URL) }}
+{{- fail "config.OUTBOX_SQS_QUEUE_URL is required when config.OUTBOX_SINK is sqs" }}
+{{- end }}
+{{- if and .Values.amqp.existingSecret $c.OUTBOX_AMQP_URL }}
+{{- fail "set either amqp.existingSecret or config.OUTBOX_AMQP_URL, not both" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The relay's environment but for OUTBOX_DATABASE_URL (which the Deployment and
+the migrate Job may take from different Secrets), shared by both so that they
+validate the same configuration. Empty config values are left out: the
+relay's own default applies.
+*/}}
+{{- define "outbox-relay.env" -}}
+{{- if .Values.amqp.existingSecret }}
+- name: OUTBOX_AMQP_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.amqp.existingSecret }}
+      key: {{ .Values.amqp.secretKey }}
+{{- end }}
+{{- range $name, $value := .Values.config }}
+{{- if not (or (kindIs "invalid" $value) (eq (toString $value) "")) }}
+- name: {{ $name }}
+  value: {{ include "outbox-relay.envValue" $value | quote }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,18 @@
+-- The claim walks unpublished, unquarantined rows in (created_at, id) order
+-- and stops after a batch; so do the oldest-age gauge (first entry) and the
+-- backlog count (index-only scan). Published rows, usually the vast
+-- majority, are not in this index at all.
+CREATE INDEX IF NOT EXISTS {pending_index}
+    ON {table} (created_at, id)
+    INCLUDE (next_attempt_at)
+    WHERE published_at IS NULL AND quarantined_at IS NULL;
+
+-- Quarantined rows are few; the gauge and `quarantine list` read them here.
+CREATE INDEX IF NOT EXISTS {quarantined_index}
+    ON {table} (quarantined_at)
+    WHERE quarantined_at IS NOT NULL AND published_at IS NULL;
+
+-- Retention deletes, and replay re-queues, by published_at.
+CREATE INDEX IF NOT EXISTS {published_index}
+    ON {table} (published_at)
+    WHERE published_at IS NOT NULL;

@@ -1,0 +1,249 @@
+//! RabbitMQ sink: persistent, mandatory messages on a confirm-mode channel.
+//!
+//! A batch is written to the channel back to back and its confirms are
+//! awaited together, so a batch costs one round trip, not one per message.
+//! `mandatory` makes an unroutable message come back (basic.return before
+//! the ack) instead of vanishing; it is then a failed attempt.
+
+use std::sync::Arc;
+
+use futures::future::{join_all, BoxFuture};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::Confirmation;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::Mutex;
+use tracing::{debug, warn};
+
+use super::{truncate_reason, Outcome, Sink, SinkError};
+use crate::config::AmqpConfig;
+use crate::store::Event;
+
+/// RabbitMQ's default `max_message_size`; a larger body is refused by the
+/// broker (it closes the channel), so it can never be published.
+const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
+
+/// AMQP short strings (routing keys) are limited to 255 bytes.
+const MAX_SHORT_STRING: usize = 255;
+
+struct Link {
+    // Kept so the connection lives as long as its channel.
+    connection: Connection,
+    channel: Channel,
+}
+
+impl Link {
+    fn is_open(&self) -> bool {
+        self.connection.status().connected() && self.channel.status().connected()
+    }
+}
+
+/// Publishes to one exchange of one RabbitMQ server, reconnecting lazily.
+pub struct AmqpSink {
+    config: AmqpConfig,
+    link: Mutex<Option<Arc<Link>>>,
+}
+
+impl AmqpSink {
+    /// A sink that connects on first use.
+    pub fn new(config: AmqpConfig) -> Self {
+        Self {
+            config,
+            link: Mutex::new(None),
+        }
+    }
+
+    async fn link(&self) -> Result<Arc<Link>, SinkError> {
+        let mut guard = self.link.lock().await;
+        if let Some(link) = guard.as_ref().filter(|link| link.is_open()) {
+            return Ok(link.clone());
+        }
+        if let Some(stale) = guard.take() {
+            // Best effort: the old connection is usually dead already.
+            let _ = stale.connection.close(200, "reconnecting".into()).await;
+        }
+        let link = Arc::new(self.connect().await?);
+        *guard = Some(link.clone());
+        Ok(link)
+    }
+
+    async fn connect(&self) -> Result<Link, SinkError> {
+        let properties = ConnectionProperties::default().with_connection_name("outbox-relay".into());
+        // lapin's errors carry no credentials, but name the server with the
+        // redacted URL ourselves so the log says where we tried.
+        let unreachable = |e: lapin::Error| {
+            SinkError(format!(
+                "RabbitMQ at {} unreachable: {e}",
+                self.config.redacted_url()
+            ))
+        };
+        let connection = Connection::connect(&self.config.url, properties)
+            .await
+            .map_err(unreachable)?;
+        if !self.config.exchange.is_empty() {
+            // A passive declare fails on a missing exchange; it closes the
+            // channel it runs on, so it gets a throwaway one.
+            let probe = connection.create_channel().await.map_err(unreachable)?;
+            probe
+                .exchange_declare(
+                    self.config.exchange.as_str().into(),
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| SinkError(format!("exchange '{}' is not usable: {e}", self.config.exchange)))?;
+            let _ = probe.close(200, "probe done".into()).await;
+        }
+        let channel = connection.create_channel().await.map_err(unreachable)?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(unreachable)?;
+        debug!(server = %self.config.redacted_url(), "connected to RabbitMQ");
+        Ok(Link { connection, channel })
+    }
+
+    async fn forget(&self, broken: &Arc<Link>) {
+        let mut guard = self.link.lock().await;
+        if guard.as_ref().is_some_and(|current| Arc::ptr_eq(current, broken)) {
+            *guard = None;
+        }
+    }
+
+    fn properties(event: &Event) -> BasicProperties {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "aggregate_id".into(),
+            AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
+        );
+        if let Some(causation_id) = event.causation_id {
+            headers.insert(
+                "causation_id".into(),
+                AMQPValue::LongString(LongString::from(causation_id.to_string())),
+            );
+        }
+        let timestamp = u64::try_from(event.created_at.timestamp()).unwrap_or(0);
+        BasicProperties::default()
+            .with_message_id(ShortString::from(event.id.to_string()))
+            .with_type(ShortString::from(event.event_type.as_str()))
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_timestamp(timestamp)
+            .with_headers(headers)
+    }
+
+    /// Checks that can fail before anything is sent, and never succeed later.
+    fn precheck(&self, event: &Event) -> Result<String, String> {
+        if event.payload.len() > MAX_BODY_BYTES {
+            return Err(format!(
+                "payload of {} bytes exceeds RabbitMQ's maximum message size of {MAX_BODY_BYTES} bytes",
+                event.payload.len()
+            ));
+        }
+        if event.event_type.len() > MAX_SHORT_STRING {
+            return Err("event_type is longer than the 255 bytes an AMQP type property holds".to_owned());
+        }
+        let routing_key = self
+            .config
+            .routing_key
+            .render(&event.event_type, &event.aggregate_id);
+        if routing_key.len() > MAX_SHORT_STRING {
+            return Err(format!(
+                "routing key of {} bytes exceeds AMQP's 255-byte limit",
+                routing_key.len()
+            ));
+        }
+        Ok(routing_key)
+    }
+
+    async fn publish_batch(&self, events: &[Event]) -> Vec<Outcome> {
+        let link = match self.link().await {
+            Ok(link) => link,
+            Err(e) => return vec![Outcome::Retry(e.0); events.len()],
+        };
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        let mut pending = Vec::with_capacity(events.len());
+        let mut broken: Option<String> = None;
+        for (index, event) in events.iter().enumerate() {
+            if let Some(reason) = &broken {
+                outcomes[index] = Some(Outcome::Retry(reason.clone()));
+                continue;
+            }
+            let routing_key = match self.precheck(event) {
+                Ok(key) => key,
+                Err(reason) => {
+                    outcomes[index] = Some(Outcome::Reject(reason));
+                    continue;
+                }
+            };
+            let sent = link
+                .channel
+                .basic_publish(
+                    self.config.exchange.as_str().into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    event.payload.as_bytes(),
+                    Self::properties(event),
+                )
+                .await;
+            match sent {
+                Ok(confirm) => pending.push((index, confirm)),
+                Err(e) => {
+                    let reason = truncate_reason(&format!("publish failed: {e}"));
+                    outcomes[index] = Some(Outcome::Retry(reason.clone()));
+                    broken = Some(reason);
+                }
+            }
+        }
+        let (indexes, confirms): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
+        for (index, confirmation) in indexes.into_iter().zip(join_all(confirms).await) {
+            outcomes[index] = Some(match confirmation {
+                Ok(Confirmation::Ack(None)) => Outcome::Published,
+                Ok(Confirmation::Ack(Some(returned))) | Ok(Confirmation::Nack(Some(returned))) => {
+                    Outcome::Retry(truncate_reason(&format!(
+                        "returned by RabbitMQ as unroutable: {} {} (exchange '{}', routing key '{}')",
+                        returned.reply_code,
+                        returned.reply_text,
+                        self.config.exchange,
+                        returned.delivery.routing_key
+                    )))
+                }
+                Ok(Confirmation::Nack(None)) => Outcome::Retry("nacked by RabbitMQ".to_owned()),
+                Ok(Confirmation::NotRequested) => Outcome::Retry("channel is not in confirm mode".to_owned()),
+                Err(e) => {
+                    broken.get_or_insert_with(|| e.to_string());
+                    Outcome::Retry(truncate_reason(&format!("confirm not received: {e}")))
+                }
+            });
+        }
+        if let Some(reason) = broken {
+            warn!(%reason, "RabbitMQ channel failed; reconnecting before the next batch");
+            self.forget(&link).await;
+        }
+        outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or_else(|| Outcome::Retry("not attempted".to_owned())))
+            .collect()
+    }
+}
+
+impl Sink for AmqpSink {
+    fn publish<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(self.publish_batch(events))
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move { self.link().await.map(|_| ()) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+}

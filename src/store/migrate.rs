@@ -1,0 +1,107 @@
+//! `outbox-relay migrate`: the embedded migrations, applied once per table.
+
+use tokio_postgres::Client;
+
+use super::StoreError;
+use crate::config::TableName;
+
+/// One embedded migration: a version, a name and SQL with `{table}` (and
+/// index-name) placeholders.
+#[derive(Debug)]
+pub struct Migration {
+    /// Applied in ascending order; recorded per table once applied.
+    pub version: i32,
+    /// File name, for the history table and logs.
+    pub name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in order. The files are idempotent on their own
+/// (`IF NOT EXISTS`), so a table created by hand or by an older relay is
+/// brought up to date rather than rejected.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_outbox_table.sql",
+        sql: include_str!("../../migrations/0001_outbox_table.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_relay_columns.sql",
+        sql: include_str!("../../migrations/0002_relay_columns.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "0003_indexes.sql",
+        sql: include_str!("../../migrations/0003_indexes.sql"),
+    },
+];
+
+impl Migration {
+    fn render(&self, table: &TableName) -> String {
+        self.sql
+            .replace("{table}", &table.quoted())
+            .replace("{pending_index}", &table.derived("pending_idx"))
+            .replace("{quarantined_index}", &table.derived("quarantined_idx"))
+            .replace("{published_index}", &table.derived("published_idx"))
+    }
+}
+
+/// Applies the migrations `table` has not had yet; returns the names applied.
+///
+/// Safe under concurrent replicas: everything runs in one transaction behind
+/// a transaction-level advisory lock, so a second `migrate` waits and then
+/// finds nothing left to do. `lock_timeout` keeps a migration that queues
+/// behind a long producer transaction from blocking the producer's writes
+/// for long: it fails instead, and can be retried.
+pub async fn migrate(client: &mut Client, table: &TableName) -> Result<Vec<&'static str>, StoreError> {
+    let schema_sql = table
+        .schema()
+        .map(|schema| format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";"))
+        .unwrap_or_default();
+    let history = history_table(table);
+    let tx = client.transaction().await?;
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '10s';
+         SET LOCAL client_min_messages = warning;
+         SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate'));
+         {schema_sql}
+         CREATE TABLE IF NOT EXISTS {history} (
+             table_name  TEXT NOT NULL,
+             version     INTEGER NOT NULL,
+             name        TEXT NOT NULL,
+             applied_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+             PRIMARY KEY (table_name, version)
+         );"
+    ))
+    .await?;
+    let applied: Vec<i32> = tx
+        .query(
+            &format!("SELECT version FROM {history} WHERE table_name = $1"),
+            &[&table.name()],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut done = Vec::new();
+    for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        tx.batch_execute(&migration.render(table)).await?;
+        tx.execute(
+            &format!("INSERT INTO {history} (table_name, version, name) VALUES ($1, $2, $3)"),
+            &[&table.name(), &migration.version, &migration.name],
+        )
+        .await?;
+        done.push(migration.name);
+    }
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// The migration history lives beside the outbox table, in its schema.
+fn history_table(table: &TableName) -> String {
+    match table.schema() {
+        Some(schema) => format!("\"{schema}\".\"outbox_relay_migrations\""),
+        None => "\"outbox_relay_migrations\"".to_owned(),
+    }
+}

@@ -1,0 +1,228 @@
+//! Every query the relay runs, one function each. The SQL lives in
+//! `sql/*.sql`, one statement per file, with `{table}` standing for the
+//! validated, quoted outbox table name.
+
+mod migrate;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use thiserror::Error;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+use crate::config::{DatabaseConfig, TableName};
+
+pub use migrate::{migrate, MIGRATIONS};
+
+/// A database failure. The messages come from PostgreSQL or the driver and
+/// never include the connection password.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// No connection could be had from the pool.
+    #[error("database unavailable: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// A statement failed.
+    #[error("database error: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    /// A statement did not finish in time.
+    #[error("database query timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl StoreError {
+    /// Whether the failure is about reaching the database rather than about
+    /// the statement: the relay waits for an outage instead of counting it.
+    pub fn is_connection(&self) -> bool {
+        match self {
+            StoreError::Pool(_) | StoreError::Timeout(_) => true,
+            StoreError::Query(e) => e.is_closed() || e.as_db_error().is_none(),
+        }
+    }
+}
+
+/// One outbox row, as claimed for publishing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Stable id: the message id on every broker.
+    pub id: Uuid,
+    /// The event that caused this one, if any.
+    pub causation_id: Option<Uuid>,
+    /// Event type, e.g. `order.created`.
+    pub event_type: String,
+    /// Aggregate the event belongs to (text, whatever the column type).
+    pub aggregate_id: String,
+    /// The payload exactly as PostgreSQL renders the JSONB as text.
+    pub payload: String,
+    /// The producer's `created_at`.
+    pub created_at: DateTime<Utc>,
+    /// Attempts begun so far, including the current one.
+    pub attempt_count: i32,
+}
+
+/// Rendered statements for one table.
+#[derive(Debug)]
+struct Statements {
+    claim: String,
+    mark_published: String,
+    delete_published: String,
+    reschedule: String,
+    quarantine: String,
+}
+
+impl Statements {
+    fn for_table(table: &TableName) -> Self {
+        let quoted = table.quoted();
+        let render = |sql: &str| sql.replace("{table}", &quoted);
+        Self {
+            claim: render(include_str!("sql/claim.sql")),
+            mark_published: render(include_str!("sql/mark_published.sql")),
+            delete_published: render(include_str!("sql/delete_published.sql")),
+            reschedule: render(include_str!("sql/reschedule.sql")),
+            quarantine: render(include_str!("sql/quarantine.sql")),
+        }
+    }
+}
+
+/// Default bound on one statement; a hung database must not hang the relay.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The outbox table, through a connection pool.
+pub struct Store {
+    pool: Pool,
+    table: TableName,
+    sql: Statements,
+}
+
+impl Store {
+    /// Builds the pool; it connects lazily, so this never fails on an
+    /// unreachable database.
+    pub fn new(config: &DatabaseConfig, pool_size: usize) -> Self {
+        let mut pg = config.pg.clone();
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(5));
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name("outbox-relay");
+        }
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            // Building only fails without a runtime for the timeouts, and
+            // one is set just above.
+            .expect("pool has a runtime for its timeouts");
+        Self {
+            pool,
+            table: config.table.clone(),
+            sql: Statements::for_table(&config.table),
+        }
+    }
+
+    /// The outbox table this store works on.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// A pooled connection, for callers with queries of their own.
+    pub async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        bounded(async {
+            let client = self.pool.get().await?;
+            client.simple_query("SELECT 1").await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Claims up to `limit` due rows and leases them for `lease`; returns them
+    /// in `(created_at, id)` order.
+    pub async fn claim(&self, limit: u32, lease: Duration) -> Result<Vec<Event>, StoreError> {
+        bounded(async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(&self.sql.claim).await?;
+            let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+            let rows = client.query(&statement, &[&i64::from(limit), &lease_ms]).await?;
+            let mut events: Vec<Event> = rows
+                .iter()
+                .map(|row| Event {
+                    id: row.get(0),
+                    causation_id: row.get(1),
+                    event_type: row.get(2),
+                    aggregate_id: row.get(3),
+                    payload: row.get(4),
+                    created_at: row.get(5),
+                    attempt_count: row.get(6),
+                })
+                .collect();
+            // UPDATE … RETURNING gives no order guarantee.
+            events.sort_by(|a, b| (a.created_at, a.id).cmp(&(b.created_at, b.id)));
+            Ok(events)
+        })
+        .await
+    }
+
+    /// Marks confirmed rows published.
+    pub async fn mark_published(&self, ids: &[Uuid]) -> Result<u64, StoreError> {
+        self.execute(&self.sql.mark_published, &[&ids]).await
+    }
+
+    /// Deletes confirmed rows (`OUTBOX_ON_PUBLISH=delete`).
+    pub async fn delete_published(&self, ids: &[Uuid]) -> Result<u64, StoreError> {
+        self.execute(&self.sql.delete_published, &[&ids]).await
+    }
+
+    /// Records failed attempts: each row's error and its delay before the
+    /// next attempt.
+    pub async fn reschedule(&self, failures: &[(Uuid, String, Duration)]) -> Result<u64, StoreError> {
+        let ids: Vec<Uuid> = failures.iter().map(|f| f.0).collect();
+        let errors: Vec<&str> = failures.iter().map(|f| f.1.as_str()).collect();
+        let delays: Vec<i64> = failures
+            .iter()
+            .map(|f| i64::try_from(f.2.as_millis()).unwrap_or(i64::MAX))
+            .collect();
+        self.execute(&self.sql.reschedule, &[&ids, &errors, &delays])
+            .await
+    }
+
+    /// Quarantines rows with their reasons.
+    pub async fn quarantine(&self, rows: &[(Uuid, String)]) -> Result<u64, StoreError> {
+        let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+        let errors: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+        self.execute(&self.sql.quarantine, &[&ids, &errors]).await
+    }
+
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        bounded(async {
+            let client = self.pool.get().await?;
+            let statement = client.prepare_cached(sql).await?;
+            Ok(client.execute(&statement, params).await?)
+        })
+        .await
+    }
+}
+
+async fn bounded<T>(work: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    tokio::time::timeout(QUERY_TIMEOUT, work)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(QUERY_TIMEOUT)))
+}
