@@ -61,12 +61,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-Renders a config value as an environment variable string. Helm reads YAML
-numbers as float64, which would print 100000 as "1e+05": whole numbers are
-printed as integers.
+Renders a value as a string: null as "", numbers as integers. Helm reads
+YAML numbers as float64, which would print 1000000 as "1e+06".
 */}}
 {{- define "outbox-relay.envValue" -}}
-{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) }}
+{{- if kindIs "invalid" . }}
+{{- else if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) }}
 {{- printf "%d" (int64 .) }}
 {{- else }}
 {{- toString . }}
@@ -141,7 +141,7 @@ relay's own default applies.
       key: {{ .Values.amqp.secretKey }}
 {{- end }}
 {{- range $name, $value := .Values.config }}
-{{- if not (or (kindIs "invalid" $value) (eq (toString $value) "")) }}
+{{- if ne (include "outbox-relay.envValue" $value) "" }}
 - name: {{ $name }}
   value: {{ include "outbox-relay.envValue" $value | quote }}
 {{- end }}

@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+
+# outbox-relay image: the release binary on Debian slim, run as a
+# non-root user. Build with `docker build -t outbox-relay .` (BuildKit).
+
+# --- build -----------------------------------------------------------------
+# Bookworm, like the runtime base below: the binary links against the glibc
+# of the image it is built in, so the two Debian releases must match.
+ARG RUST_VERSION=1
+FROM rust:${RUST_VERSION}-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+# The crate registry and target/ live in BuildKit cache mounts, so a rebuild
+# after a source change recompiles only the crate, not its dependencies.
+# target/ is not part of the image layer, hence the copy out of it in the
+# same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked --bin outbox-relay \
+ && install -D -m 0755 target/release/outbox-relay /out/outbox-relay
+
+# --- runtime ---------------------------------------------------------------
+# Debian slim of the same release as the builder (glibc must match), plus CA
+# certificates for SQS and TLS brokers; nothing else is installed.
+FROM debian:bookworm-slim
+# ca-certificates is not pinned: Debian replaces old versions in its archive,
+# so a pin would break the build; the base image tag is the pin that matters.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 65532 nonroot \
+ && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin nonroot
+LABEL org.opencontainers.image.title="outbox-relay" \
+      org.opencontainers.image.description="Publishes PostgreSQL outbox rows to RabbitMQ or Amazon SQS, at least once" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /out/outbox-relay /usr/local/bin/outbox-relay
+# Numeric, so that Kubernetes' runAsNonRoot can verify it without a passwd
+# lookup; the Helm chart runs as the same uid.
+USER 65532:65532
+# /metrics, /healthz and /readyz (OUTBOX_HTTP_ADDR, default 0.0.0.0:9090).
+EXPOSE 9090
+ENTRYPOINT ["/usr/local/bin/outbox-relay"]
+CMD ["run"]
