@@ -1,0 +1,184 @@
+//! `outbox-relay migrate`: creates the table and its indexes, is
+//! idempotent and safe under concurrent replicas, and upgrades a table in
+//! the seed shape without touching producer data.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{RelayProcess, TestBroker, TestDb};
+use uuid::Uuid;
+
+fn migrate(db: &TestDb, table: Option<&str>) -> std::process::Output {
+    let env: Vec<(&str, &str)> = table.map(|t| vec![("OUTBOX_TABLE", t)]).unwrap_or_default();
+    db.relay_command(&["migrate"], &env).output().expect("run migrate")
+}
+
+async fn columns(db: &TestDb, schema: &str, table: &str) -> Vec<(String, String, String)> {
+    db.client
+        .query(
+            "SELECT column_name::text, data_type::text, is_nullable::text FROM information_schema.columns
+             WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+            &[&schema, &table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
+    let db = TestDb::create().await;
+    for _ in 0..2 {
+        let out = migrate(&db, None);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let names: Vec<String> = columns(&db, "public", "outbox_event").await.into_iter().map(|c| c.0).collect();
+    assert_eq!(
+        names,
+        [
+            "id", "causation_id", "event_type", "aggregate_id", "payload", "created_at", "published_at",
+            "attempt_count", "next_attempt_at", "last_error", "quarantined_at"
+        ]
+    );
+    let indexes: Vec<String> = db
+        .client
+        .query("SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox_event' ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "outbox_event_pending_idx",
+            "outbox_event_pkey",
+            "outbox_event_published_idx",
+            "outbox_event_quarantined_idx"
+        ]
+    );
+    let history: i64 = db
+        .client
+        .query_one("SELECT count(*) FROM outbox_relay_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(history, 3, "each migration recorded once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_replicas_migrate_safely() {
+    let db = TestDb::create().await;
+    let children: Vec<_> = (0..6)
+        .map(|_| db.relay_command(&["migrate"], &[]).stderr(std::process::Stdio::piped()).spawn().unwrap())
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    assert_eq!(db.count("true").await, 0);
+}
+
+/// The seed design's columns of every row, as text.
+const SEED_COLUMNS: &str = "SELECT json_build_object('id', id, 'causation_id', causation_id,
+    'event_type', event_type, 'aggregate_id', aggregate_id, 'payload', payload,
+    'created_at', created_at, 'published_at', published_at)::text FROM outbox_event ORDER BY id";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upgrades_a_seed_shaped_table_without_touching_its_rows() {
+    let db = TestDb::create().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE outbox_event (
+                 id            UUID PRIMARY KEY,
+                 causation_id  UUID NOT NULL,
+                 event_type    VARCHAR(150) NOT NULL,
+                 aggregate_id  UUID NOT NULL,
+                 payload       JSONB NOT NULL,
+                 created_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+                 published_at  TIMESTAMPTZ
+             );",
+        )
+        .await
+        .unwrap();
+    let (unpublished, published, aggregate, causation) =
+        (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload, created_at, published_at)
+             VALUES ($1, $3, 'a', $4, '{\"k\": 1}', '2025-01-01T00:00:00Z', NULL),
+                    ($2, $3, 'b', $4, '{\"k\": 2}', '2025-01-01T00:00:01Z', '2025-01-01T00:01:00Z')",
+            &[&unpublished, &published, &causation, &aggregate],
+        )
+        .await
+        .unwrap();
+    let before: Vec<String> = db
+        .client
+        .query(SEED_COLUMNS, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+
+    let out = migrate(&db, None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let cols = columns(&db, "public", "outbox_event").await;
+    let find = |name: &str| cols.iter().find(|c| c.0 == name).cloned().unwrap();
+    assert_eq!(find("causation_id").2, "YES", "causation_id may now be null");
+    assert_eq!(find("aggregate_id").1, "uuid", "aggregate_id is not rewritten");
+    for added in ["attempt_count", "next_attempt_at", "last_error", "quarantined_at"] {
+        assert!(cols.iter().any(|c| c.0 == added), "{added} added");
+    }
+    // The original columns of every row are unchanged.
+    let after: Vec<String> = db
+        .client
+        .query(SEED_COLUMNS, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(before, after);
+    // The unpublished seed row is due for the relay; a new producer row
+    // without causation works.
+    assert_eq!(db.count("published_at IS NULL AND next_attempt_at <= now() AND attempt_count = 0").await, 1);
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload) VALUES ($1, 'c', $2, '{}')",
+            &[&Uuid::new_v4(), &aggregate],
+        )
+        .await
+        .unwrap();
+
+    // And the relay publishes from it, the UUID aggregate id as text.
+    let broker = TestBroker::create("#").await;
+    let _relay = RelayProcess::start(&db, &broker.env());
+    let received = broker.receive(2, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 2);
+    assert!(received.iter().all(|m| m.headers.get("aggregate_id") == Some(&aggregate.to_string())));
+    assert!(received.iter().any(|m| m.message_id == unpublished.to_string()));
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_schema_qualified_table_is_created_in_its_schema() {
+    let db = TestDb::create().await;
+    let out = migrate(&db, Some("billing.events_out"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(columns(&db, "billing", "events_out").await.len(), 11);
+    let index: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = 'billing' AND indexname = 'events_out_pending_idx'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(index, 1);
+}
