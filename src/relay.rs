@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::config::{OnPublish, RelayConfig};
 use crate::metrics::Metrics;
+use crate::outage::Outage;
 use crate::retry::Backoff;
 use crate::sink::{truncate_reason, Outcome, Sink};
 use crate::store::{Event, Store, StoreError};
@@ -81,31 +82,24 @@ pub fn split_exhausted(events: Vec<Event>, max_attempts: u32) -> (Vec<Event>, Ve
     (due, quarantine)
 }
 
-/// Tracks one dependency's availability so an outage is logged when it
-/// starts and when it ends, not on every failed try.
+/// A dependency's outage: logged once (see [`Outage`]) and retried with a
+/// capped, jittered backoff.
 struct Availability {
-    what: &'static str,
-    down_since: Option<Instant>,
+    outage: Outage,
     delays: Option<backon::ExponentialBackoff>,
 }
 
 impl Availability {
     fn new(what: &'static str) -> Self {
         Self {
-            what,
-            down_since: None,
+            outage: Outage::new(what),
             delays: None,
         }
     }
 
     /// Records a failure and returns how long to wait before trying again.
     fn failed(&mut self, error: &dyn std::fmt::Display) -> Duration {
-        if self.down_since.is_none() {
-            warn!(dependency = self.what, %error, "unavailable; retrying with backoff until it is back");
-            self.down_since = Some(Instant::now());
-        } else {
-            debug!(dependency = self.what, %error, "still unavailable");
-        }
+        self.outage.failed(error);
         self.delays
             .get_or_insert_with(|| {
                 ExponentialBuilder::default()
@@ -120,13 +114,7 @@ impl Availability {
     }
 
     fn succeeded(&mut self) {
-        if let Some(since) = self.down_since.take() {
-            info!(
-                dependency = self.what,
-                outage_secs = since.elapsed().as_secs_f64(),
-                "available again"
-            );
-        }
+        self.outage.succeeded();
         self.delays = None;
     }
 }

@@ -12,7 +12,10 @@ fn relay(env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
         .env_clear()
         // Nothing listens here: a binary that connected before validating
         // would fail with status 1, not 2.
-        .env("OUTBOX_DATABASE_URL", "postgres://postgres:s3cret-pw@127.0.0.1:1/none")
+        .env(
+            "OUTBOX_DATABASE_URL",
+            "postgres://postgres:s3cret-pw@127.0.0.1:1/none",
+        )
         .env("OUTBOX_AMQP_URL", "amqp://guest:s3cret-pw@127.0.0.1:1/%2f");
     for (key, value) in env {
         command.env(key, value);
@@ -46,8 +49,15 @@ fn each_invalid_setting_exits_2_naming_it() {
         for args in [&["run"][..], &[][..], &["check"][..]] {
             let out = relay(&[(variable, value)], args);
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{variable}={value} {args:?}: {stderr}");
-            assert!(stderr.contains(variable), "{variable}={value}: message does not name it: {stderr}");
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{variable}={value} {args:?}: {stderr}"
+            );
+            assert!(
+                stderr.contains(variable),
+                "{variable}={value}: message does not name it: {stderr}"
+            );
             assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
             assert!(!stderr.contains("s3cret-pw"), "secret leaked: {stderr}");
         }

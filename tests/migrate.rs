@@ -11,7 +11,9 @@ use uuid::Uuid;
 
 fn migrate(db: &TestDb, table: Option<&str>) -> std::process::Output {
     let env: Vec<(&str, &str)> = table.map(|t| vec![("OUTBOX_TABLE", t)]).unwrap_or_default();
-    db.relay_command(&["migrate"], &env).output().expect("run migrate")
+    db.relay_command(&["migrate"], &env)
+        .output()
+        .expect("run migrate")
 }
 
 async fn columns(db: &TestDb, schema: &str, table: &str) -> Vec<(String, String, String)> {
@@ -35,17 +37,33 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         let out = migrate(&db, None);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
-    let names: Vec<String> = columns(&db, "public", "outbox_event").await.into_iter().map(|c| c.0).collect();
+    let names: Vec<String> = columns(&db, "public", "outbox_event")
+        .await
+        .into_iter()
+        .map(|c| c.0)
+        .collect();
     assert_eq!(
         names,
         [
-            "id", "causation_id", "event_type", "aggregate_id", "payload", "created_at", "published_at",
-            "attempt_count", "next_attempt_at", "last_error", "quarantined_at"
+            "id",
+            "causation_id",
+            "event_type",
+            "aggregate_id",
+            "payload",
+            "created_at",
+            "published_at",
+            "attempt_count",
+            "next_attempt_at",
+            "last_error",
+            "quarantined_at"
         ]
     );
     let indexes: Vec<String> = db
         .client
-        .query("SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox_event' ORDER BY 1", &[])
+        .query(
+            "SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox_event' ORDER BY 1",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -73,7 +91,12 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
 async fn concurrent_replicas_migrate_safely() {
     let db = TestDb::create().await;
     let children: Vec<_> = (0..6)
-        .map(|_| db.relay_command(&["migrate"], &[]).stderr(std::process::Stdio::piped()).spawn().unwrap())
+        .map(|_| {
+            db.relay_command(&["migrate"], &[])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
         .collect();
     for child in children {
         let out = child.wait_with_output().unwrap();
@@ -146,7 +169,11 @@ async fn upgrades_a_seed_shaped_table_without_touching_its_rows() {
     assert_eq!(before, after);
     // The unpublished seed row is due for the relay; a new producer row
     // without causation works.
-    assert_eq!(db.count("published_at IS NULL AND next_attempt_at <= now() AND attempt_count = 0").await, 1);
+    assert_eq!(
+        db.count("published_at IS NULL AND next_attempt_at <= now() AND attempt_count = 0")
+            .await,
+        1
+    );
     db.client
         .execute(
             "INSERT INTO outbox_event (id, event_type, aggregate_id, payload) VALUES ($1, 'c', $2, '{}')",
@@ -160,7 +187,9 @@ async fn upgrades_a_seed_shaped_table_without_touching_its_rows() {
     let _relay = RelayProcess::start(&db, &broker.env());
     let received = broker.receive(2, Duration::from_secs(60)).await;
     assert_eq!(received.len(), 2);
-    assert!(received.iter().all(|m| m.headers.get("aggregate_id") == Some(&aggregate.to_string())));
+    assert!(received
+        .iter()
+        .all(|m| m.headers.get("aggregate_id") == Some(&aggregate.to_string())));
     assert!(received.iter().any(|m| m.message_id == unpublished.to_string()));
     broker.cleanup().await;
 }

@@ -61,21 +61,34 @@ async fn rows_become_messages_with_the_spec_properties() {
     }
     let _relay = RelayProcess::start(
         &db,
-        &with(fast(&broker), &[("OUTBOX_AMQP_ROUTING_KEY", "orders.{event_type}.{aggregate_id}")]),
+        &with(
+            fast(&broker),
+            &[("OUTBOX_AMQP_ROUTING_KEY", "orders.{event_type}.{aggregate_id}")],
+        ),
     );
 
     let received = broker.receive(20, WAIT).await;
     assert_eq!(received.len(), 20, "every row becomes one message");
     for message in &received {
         let (n, body, causation_id) = expected.get(&message.message_id).expect("message_id is a row id");
-        assert_eq!(String::from_utf8(message.body.clone()).unwrap(), *body, "body is the payload text");
+        assert_eq!(
+            String::from_utf8(message.body.clone()).unwrap(),
+            *body,
+            "body is the payload text"
+        );
         assert_eq!(message.kind.as_deref(), Some("created"));
         assert_eq!(message.content_type.as_deref(), Some("application/json"));
         assert_eq!(message.delivery_mode, Some(2), "persistent");
         assert_eq!(message.timestamp, Some(1_767_323_045), "created_at in seconds");
         assert_eq!(message.routing_key, format!("orders.created.order-{n}"));
-        assert_eq!(message.headers.get("aggregate_id").map(String::as_str), Some(format!("order-{n}").as_str()));
-        assert_eq!(message.headers.get("causation_id").cloned(), causation_id.map(|c| c.to_string()));
+        assert_eq!(
+            message.headers.get("aggregate_id").map(String::as_str),
+            Some(format!("order-{n}").as_str())
+        );
+        assert_eq!(
+            message.headers.get("causation_id").cloned(),
+            causation_id.map(|c| c.to_string())
+        );
     }
     eventually(WAIT, "all rows marked published", || async {
         db.count("published_at IS NOT NULL").await == 20
@@ -101,8 +114,14 @@ async fn two_relays_deliver_every_row_exactly_once_in_normal_operation() {
     let expected: HashSet<String> = ids.iter().map(Uuid::to_string).collect();
     assert!(unique.iter().all(|id| expected.contains(*id)));
     // Nothing more arrives: a short extra wait for strays.
-    assert!(broker.receive(1, Duration::from_millis(500)).await.is_empty(), "a row was published twice");
-    eventually(WAIT, "all rows marked", || async { db.count("published_at IS NULL").await == 0 }).await;
+    assert!(
+        broker.receive(1, Duration::from_millis(500)).await.is_empty(),
+        "a row was published twice"
+    );
+    eventually(WAIT, "all rows marked", || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
     broker.cleanup().await;
 }
 
@@ -124,7 +143,9 @@ async fn unroutable_rows_back_off_then_quarantine_while_others_flow() {
 
     // After the first failed attempt: counted, explained, and due later.
     eventually(WAIT, "first failed attempt recorded", || async {
-        db.count("event_type = 'bad.event' AND attempt_count = 1 AND last_error IS NOT NULL").await == 3
+        db.count("event_type = 'bad.event' AND attempt_count = 1 AND last_error IS NOT NULL")
+            .await
+            == 3
     })
     .await;
     let pending_in_future: i64 = db
@@ -144,18 +165,31 @@ async fn unroutable_rows_back_off_then_quarantine_while_others_flow() {
     assert_eq!(received.len(), good.len(), "routable rows keep flowing");
 
     eventually(WAIT, "unroutable rows quarantined at the maximum", || async {
-        db.count("event_type = 'bad.event' AND quarantined_at IS NOT NULL AND attempt_count = 3").await == 3
+        db.count("event_type = 'bad.event' AND quarantined_at IS NOT NULL AND attempt_count = 3")
+            .await
+            == 3
     })
     .await;
-    assert_eq!(db.count("event_type = 'bad.event' AND published_at IS NOT NULL").await, 0);
+    assert_eq!(
+        db.count("event_type = 'bad.event' AND published_at IS NOT NULL")
+            .await,
+        0
+    );
     let reason: String = db
         .client
         .query_one("SELECT last_error FROM outbox_event WHERE id = $1", &[&bad[0]])
         .await
         .unwrap()
         .get(0);
-    assert!(reason.contains("gave up after 3 attempts") && reason.contains("NO_ROUTE"), "{reason}");
-    assert_eq!(db.count("event_type = 'good.event' AND published_at IS NOT NULL").await, 200);
+    assert!(
+        reason.contains("gave up after 3 attempts") && reason.contains("NO_ROUTE"),
+        "{reason}"
+    );
+    assert_eq!(
+        db.count("event_type = 'good.event' AND published_at IS NOT NULL")
+            .await,
+        200
+    );
     broker.cleanup().await;
 }
 
@@ -202,7 +236,11 @@ async fn a_relay_killed_between_confirm_and_commit_republishes_with_the_same_id(
     // The killed relay's statement is still sleeping on the server.
     db.terminate_relay_backends().await;
     release_marks(&db).await;
-    assert_eq!(db.count("published_at IS NULL").await, 5, "no row marked without a committed outcome");
+    assert_eq!(
+        db.count("published_at IS NULL").await,
+        5,
+        "no row marked without a committed outcome"
+    );
 
     let _restarted = RelayProcess::start(&db, &env);
     let second = broker.receive(ids.len(), WAIT).await;
@@ -213,7 +251,11 @@ async fn a_relay_killed_between_confirm_and_commit_republishes_with_the_same_id(
         db.count("published_at IS NOT NULL").await == 5
     })
     .await;
-    assert_eq!(db.count("attempt_count = 2").await, 5, "the crashed attempt counts");
+    assert_eq!(
+        db.count("attempt_count = 2").await,
+        5,
+        "the crashed attempt counts"
+    );
     broker.cleanup().await;
 }
 
@@ -229,7 +271,11 @@ async fn a_row_that_keeps_killing_the_relay_ends_in_quarantine() {
     );
     for attempt in 1..=2 {
         let mut relay = RelayProcess::start(&db, &env);
-        assert_eq!(broker.receive(1, WAIT).await.len(), 1, "attempt {attempt} published");
+        assert_eq!(
+            broker.receive(1, WAIT).await.len(),
+            1,
+            "attempt {attempt} published"
+        );
         relay.signal("KILL");
         relay.wait(WAIT).await.expect("relay killed");
         db.terminate_relay_backends().await;
@@ -237,12 +283,22 @@ async fn a_row_that_keeps_killing_the_relay_ends_in_quarantine() {
     release_marks(&db).await;
     let _relay = RelayProcess::start(&db, &env);
     eventually(WAIT, "crash-looping row quarantined", || async {
-        db.count("quarantined_at IS NOT NULL AND published_at IS NULL").await == 1
+        db.count("quarantined_at IS NOT NULL AND published_at IS NULL")
+            .await
+            == 1
     })
     .await;
-    let reason: String = db.client.query_one("SELECT last_error FROM outbox_event", &[]).await.unwrap().get(0);
+    let reason: String = db
+        .client
+        .query_one("SELECT last_error FROM outbox_event", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert!(reason.contains("without an outcome"), "{reason}");
-    assert!(broker.receive(1, Duration::from_millis(500)).await.is_empty(), "not published a third time");
+    assert!(
+        broker.receive(1, Duration::from_millis(500)).await.is_empty(),
+        "not published a third time"
+    );
     broker.cleanup().await;
 }
 
@@ -252,28 +308,47 @@ async fn the_relay_recovers_from_cut_database_and_broker_connections_under_load(
     let broker = TestBroker::create("#").await;
     let proxy = Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let ids = db.insert_events(4_000, "chaos.test").await;
-    let mut env = with(fast(&broker), &[("OUTBOX_BATCH_SIZE", "50"), ("OUTBOX_PUBLISH_TIMEOUT", "2s")]);
-    env.push(("OUTBOX_AMQP_URL", format!("amqp://guest:guest@{}/%2f", proxy.addr)));
+    let mut env = with(
+        fast(&broker),
+        &[("OUTBOX_BATCH_SIZE", "50"), ("OUTBOX_PUBLISH_TIMEOUT", "2s")],
+    );
+    env.push((
+        "OUTBOX_AMQP_URL",
+        format!("amqp://guest:guest@{}/%2f", proxy.addr),
+    ));
     let _relay = RelayProcess::start(&db, &env);
 
     let mut seen = HashSet::new();
     for round in 0..3 {
         let batch = broker.receive(500, WAIT).await;
-        assert!(!batch.is_empty(), "round {round}: the relay delivers again after a cut");
+        assert!(
+            !batch.is_empty(),
+            "round {round}: the relay delivers again after a cut"
+        );
         seen.extend(batch.into_iter().map(|m| m.message_id));
         let terminated = db.terminate_relay_backends().await;
         proxy.cut();
         eprintln!("round {round}: terminated {terminated} database connections, cut the broker connection");
     }
-    eventually(Duration::from_secs(120), "every row published after the cuts", || async {
-        db.count("published_at IS NULL").await == 0
-    })
+    eventually(
+        Duration::from_secs(120),
+        "every row published after the cuts",
+        || async { db.count("published_at IS NULL").await == 0 },
+    )
     .await;
     let rest = broker.receive(ids.len(), Duration::from_secs(5)).await;
     seen.extend(rest.into_iter().map(|m| m.message_id));
     let expected: HashSet<String> = ids.iter().map(Uuid::to_string).collect();
-    assert!(expected.is_subset(&seen), "{} rows never arrived", expected.difference(&seen).count());
-    assert_eq!(db.count("quarantined_at IS NOT NULL").await, 0, "an outage quarantines nothing");
+    assert!(
+        expected.is_subset(&seen),
+        "{} rows never arrived",
+        expected.difference(&seen).count()
+    );
+    assert_eq!(
+        db.count("quarantined_at IS NOT NULL").await,
+        0,
+        "an outage quarantines nothing"
+    );
     broker.cleanup().await;
 }
 
@@ -283,16 +358,28 @@ async fn sigterm_under_load_settles_the_batch_in_flight_and_exits_zero() {
     let broker = TestBroker::create("#").await;
     db.insert_events(20_000, "shutdown.test").await;
     let mut relay = RelayProcess::start(&db, &with(fast(&broker), &[("OUTBOX_BATCH_SIZE", "200")]));
-    eventually(WAIT, "relay under way", || async { db.count("published_at IS NOT NULL").await > 500 }).await;
+    eventually(WAIT, "relay under way", || async {
+        db.count("published_at IS NOT NULL").await > 500
+    })
+    .await;
     relay.signal("TERM");
-    let status = relay.wait(Duration::from_secs(30)).await.expect("exits within 30 s");
+    let status = relay
+        .wait(Duration::from_secs(30))
+        .await
+        .expect("exits within 30 s");
     assert!(status.success(), "exit status {status:?}");
 
     // Every claimed row was published and recorded: none carries an attempt
     // without an outcome, and the broker has exactly the published rows.
-    assert_eq!(db.count("published_at IS NULL AND attempt_count > 0").await, 0, "a row was left claimed");
+    assert_eq!(
+        db.count("published_at IS NULL AND attempt_count > 0").await,
+        0,
+        "a row was left claimed"
+    );
     let published = db.count("published_at IS NOT NULL").await;
-    let received = broker.receive(published as usize + 1, Duration::from_secs(20)).await;
+    let received = broker
+        .receive(published as usize + 1, Duration::from_secs(20))
+        .await;
     assert_eq!(received.len() as i64, published, "messages equal marked rows");
     broker.cleanup().await;
 }
@@ -305,6 +392,9 @@ async fn on_publish_delete_removes_confirmed_rows() {
     let _relay = RelayProcess::start(&db, &with(fast(&broker), &[("OUTBOX_ON_PUBLISH", "delete")]));
     let received = broker.receive(ids.len(), WAIT).await;
     assert_eq!(received.len(), ids.len());
-    eventually(WAIT, "confirmed rows deleted", || async { db.count("true").await == 0 }).await;
+    eventually(WAIT, "confirmed rows deleted", || async {
+        db.count("true").await == 0
+    })
+    .await;
     broker.cleanup().await;
 }

@@ -1,40 +1,356 @@
-//! Admin commands: status, quarantine list/release, replay.
+//! Admin commands: `status`, `quarantine list`, `quarantine release` and
+//! `replay`.
+//!
+//! Human output is aligned text for a terminal; `--json` output is one line
+//! of JSON whose shape is part of the contract (see docs/OPERATIONS.md):
+//!
+//! - `status --json`: `{"unpublished":N,"oldest_unpublished_age_seconds":F,
+//!   "quarantined":N,"published_last_hour":N}`
+//! - `quarantine list --json`: `[{"id":"…","event_type":"…","attempt_count":N,
+//!   "last_error":"…"|null,"quarantined_at":"RFC 3339, UTC, microseconds"}]`
+//!
+//! Every database failure exits with status 1 (`CliError::Failed`).
 
-use chrono::{DateTime, Utc};
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use super::CliError;
-use crate::config::DatabaseConfig;
+use crate::config::{describe_pg, DatabaseConfig};
+use crate::store::{Backlog, QuarantinedRow, Store, StoreError};
+
+/// The window of the "published last hour" figure of `status`.
+const RECENT_WINDOW: Duration = Duration::from_secs(3600);
+
+/// Longest last error `quarantine list` shows in its table: the relay
+/// stores up to 1,000 characters, which would drown the other columns;
+/// `--json` has them in full.
+const ERROR_COLUMN_WIDTH: usize = 200;
+
+/// `status --json`.
+#[derive(Debug, Serialize)]
+struct StatusJson {
+    unpublished: i64,
+    oldest_unpublished_age_seconds: f64,
+    quarantined: i64,
+    published_last_hour: i64,
+}
+
+/// One element of `quarantine list --json`.
+#[derive(Debug, Serialize)]
+struct QuarantinedJson<'a> {
+    id: Uuid,
+    event_type: &'a str,
+    attempt_count: i32,
+    last_error: Option<&'a str>,
+    quarantined_at: String,
+}
 
 /// `outbox-relay status [--json]`.
-pub async fn status(_database: DatabaseConfig, _json: bool) -> Result<(), CliError> {
-    Err(CliError::Failed(anyhow::anyhow!("status is not available yet")))
+pub async fn status(database: DatabaseConfig, json: bool) -> Result<(), CliError> {
+    let store = Store::new(&database, 1);
+    let backlog = store.backlog().await.map_err(|e| failed(&database, e))?;
+    let recent = store
+        .published_within(RECENT_WINDOW)
+        .await
+        .map_err(|e| failed(&database, e))?;
+    let text = if json {
+        json_line(&StatusJson {
+            unpublished: backlog.unpublished,
+            oldest_unpublished_age_seconds: backlog.oldest_unpublished_age_seconds,
+            quarantined: backlog.quarantined,
+            published_last_hour: recent,
+        })?
+    } else {
+        render_status(&database, &backlog, recent)
+    };
+    emit(&text)
 }
 
 /// `outbox-relay quarantine list [--json]`.
-pub async fn quarantine_list(_database: DatabaseConfig, _json: bool) -> Result<(), CliError> {
-    Err(CliError::Failed(anyhow::anyhow!(
-        "quarantine list is not available yet"
-    )))
+pub async fn quarantine_list(database: DatabaseConfig, json: bool) -> Result<(), CliError> {
+    let store = Store::new(&database, 1);
+    let rows = store.quarantined_rows().await.map_err(|e| failed(&database, e))?;
+    let text = if json {
+        let items: Vec<QuarantinedJson<'_>> = rows
+            .iter()
+            .map(|row| QuarantinedJson {
+                id: row.id,
+                event_type: &row.event_type,
+                attempt_count: row.attempt_count,
+                last_error: row.last_error.as_deref(),
+                quarantined_at: row.quarantined_at.to_rfc3339_opts(SecondsFormat::Micros, true),
+            })
+            .collect();
+        json_line(&items)?
+    } else {
+        render_quarantined(&database, &rows)
+    };
+    emit(&text)
 }
 
 /// `outbox-relay quarantine release <ID>... | --all`.
-pub async fn quarantine_release(
-    _database: DatabaseConfig,
-    _ids: Vec<Uuid>,
-    _all: bool,
-) -> Result<(), CliError> {
-    Err(CliError::Failed(anyhow::anyhow!(
-        "quarantine release is not available yet"
-    )))
+///
+/// Ids that are not quarantined (unknown, already released, or published
+/// meanwhile) are listed but do not make the command fail: a release can be
+/// repeated after an interruption and ends in the same state.
+pub async fn quarantine_release(database: DatabaseConfig, ids: Vec<Uuid>, all: bool) -> Result<(), CliError> {
+    let store = Store::new(&database, 1);
+    if all {
+        let released = store
+            .release_all_quarantined()
+            .await
+            .map_err(|e| failed(&database, e))?;
+        return emit(&format!(
+            "released {} from quarantine in {}; due now with attempts reset\n",
+            count_rows(released),
+            database.table
+        ));
+    }
+    if ids.is_empty() {
+        // clap already requires ids unless --all; kept for callers of the library.
+        return Err(CliError::Usage("give the ids to release, or --all".to_owned()));
+    }
+    // Sorted and without repeats, so the report lists each id once.
+    let wanted: Vec<Uuid> = ids.into_iter().collect::<BTreeSet<_>>().into_iter().collect();
+    let released: BTreeSet<Uuid> = store
+        .release_quarantined(&wanted)
+        .await
+        .map_err(|e| failed(&database, e))?
+        .into_iter()
+        .collect();
+    let mut text = format!(
+        "released {} from quarantine in {}; due now with attempts reset\n",
+        count_rows(released.len() as u64),
+        database.table
+    );
+    let missed: Vec<&Uuid> = wanted.iter().filter(|id| !released.contains(id)).collect();
+    if !missed.is_empty() {
+        let _ = writeln!(
+            text,
+            "not quarantined (no such id, already released, or published): {}",
+            missed.len()
+        );
+        for id in missed {
+            let _ = writeln!(text, "  {id}");
+        }
+    }
+    emit(&text)
 }
 
 /// `outbox-relay replay --since … [--until …] [--event-type …]`.
 pub async fn replay(
-    _database: DatabaseConfig,
-    _since: DateTime<Utc>,
-    _until: Option<DateTime<Utc>>,
-    _event_type: Option<String>,
+    database: DatabaseConfig,
+    since: DateTime<Utc>,
+    until: Option<DateTime<Utc>>,
+    event_type: Option<String>,
 ) -> Result<(), CliError> {
-    Err(CliError::Failed(anyhow::anyhow!("replay is not available yet")))
+    let store = Store::new(&database, 1);
+    let requeued = store
+        .replay(since, until, event_type.as_deref())
+        .await
+        .map_err(|e| failed(&database, e))?;
+    let until_text = until.map_or_else(|| "now".to_owned(), rfc3339);
+    let type_text = event_type
+        .map(|t| format!(" of event type '{t}'"))
+        .unwrap_or_default();
+    emit(&format!(
+        "re-queued {} published in [{}, {}){type_text} in {}; the relay publishes them again under the same ids\n",
+        count_rows(requeued),
+        rfc3339(since),
+        until_text,
+        database.table
+    ))
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+fn count_rows(count: u64) -> String {
+    if count == 1 {
+        "1 row".to_owned()
+    } else {
+        format!("{count} rows")
+    }
+}
+
+/// A database failure as the one line the binary prints, naming where it
+/// tried, with a hint when the table is not there or not migrated.
+fn failed(database: &DatabaseConfig, error: StoreError) -> CliError {
+    let hint = match &error {
+        StoreError::Query(e)
+            if matches!(
+                e.code(),
+                Some(&SqlState::UNDEFINED_TABLE) | Some(&SqlState::UNDEFINED_COLUMN)
+            ) =>
+        {
+            " (has `outbox-relay migrate` been run for this table?)"
+        }
+        _ => "",
+    };
+    CliError::Failed(anyhow::anyhow!(
+        "{} table {}: {}{hint}",
+        describe_pg(&database.pg),
+        database.table,
+        error
+    ))
+}
+
+fn json_line(value: &impl Serialize) -> Result<String, CliError> {
+    let mut line = serde_json::to_string(value).map_err(|e| anyhow::anyhow!("cannot encode JSON: {e}"))?;
+    line.push('\n');
+    Ok(line)
+}
+
+/// Writes the command's output. A closed pipe (`… | head`) is not an
+/// error: the reader has what it wanted.
+fn emit(text: &str) -> Result<(), CliError> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::Failed(anyhow::anyhow!("cannot write to stdout: {e}"))),
+    }
+}
+
+fn render_status(database: &DatabaseConfig, backlog: &Backlog, recent: i64) -> String {
+    let table = database.table.to_string();
+    let lines = [
+        ("table", table),
+        ("unpublished", backlog.unpublished.to_string()),
+        (
+            "oldest unpublished age",
+            human_age(backlog.oldest_unpublished_age_seconds),
+        ),
+        ("quarantined", backlog.quarantined.to_string()),
+        ("published last hour", recent.to_string()),
+    ];
+    let width = lines.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
+    let mut text = String::new();
+    for (label, value) in lines {
+        let _ = writeln!(text, "{label:<width$}  {value}");
+    }
+    text
+}
+
+/// `3723.4` → `1h 2m 3s`; under a minute with one decimal, so a healthy
+/// relay's sub-second age does not read as zero.
+fn human_age(seconds: f64) -> String {
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return "0s (no unpublished rows)".to_owned();
+    }
+    if seconds < 60.0 {
+        return format!("{seconds:.1}s");
+    }
+    // Saturating float-to-int conversion; ages are far below u64::MAX.
+    let total = seconds as u64;
+    let (days, hours, minutes, secs) = (
+        total / 86_400,
+        total % 86_400 / 3_600,
+        total % 3_600 / 60,
+        total % 60,
+    );
+    let mut parts = Vec::new();
+    if days > 0 {
+        parts.push(format!("{days}d"));
+    }
+    if days > 0 || hours > 0 {
+        parts.push(format!("{hours}h"));
+    }
+    parts.push(format!("{minutes}m"));
+    parts.push(format!("{secs}s"));
+    format!("{} ({total} s)", parts.join(" "))
+}
+
+fn render_quarantined(database: &DatabaseConfig, rows: &[QuarantinedRow]) -> String {
+    if rows.is_empty() {
+        return format!("no quarantined rows in {}\n", database.table);
+    }
+    let header = ["ID", "EVENT TYPE", "ATTEMPTS", "QUARANTINED AT", "LAST ERROR"];
+    let body: Vec<[String; 5]> = rows
+        .iter()
+        .map(|row| {
+            [
+                row.id.to_string(),
+                row.event_type.clone(),
+                row.attempt_count.to_string(),
+                row.quarantined_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+                one_line(row.last_error.as_deref().unwrap_or("-"), ERROR_COLUMN_WIDTH),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for cells in &body {
+        for (width, cell) in widths.iter_mut().zip(cells) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    let header = header.map(str::to_owned);
+    for cells in std::iter::once(&header).chain(&body) {
+        let mut line = String::new();
+        for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                // No padding after the last column.
+                line.push_str(cell);
+            } else {
+                let pad = width - cell.chars().count();
+                let _ = write!(line, "{cell}{:pad$}  ", "");
+            }
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let _ = writeln!(
+        text,
+        "{} quarantined in {}",
+        count_rows(rows.len() as u64),
+        database.table
+    );
+    text
+}
+
+/// An error message on one line of at most `max` characters: newlines and
+/// other control characters would break the table.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let mut cut: String = flat.chars().take(max - 1).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_naturally() {
+        assert_eq!(human_age(0.0), "0s (no unpublished rows)");
+        assert_eq!(human_age(0.34), "0.3s");
+        assert_eq!(human_age(59.94), "59.9s");
+        assert_eq!(human_age(3723.4), "1h 2m 3s (3723 s)");
+        assert_eq!(human_age(90_061.0), "1d 1h 1m 1s (90061 s)");
+        assert_eq!(human_age(600.0), "10m 0s (600 s)");
+    }
+
+    #[test]
+    fn errors_are_flattened_and_cut() {
+        assert_eq!(one_line("a\nb\tc", 10), "a b c");
+        assert_eq!(one_line("abcdefghijk", 5), "abcd…");
+        assert_eq!(one_line("abcde", 5), "abcde");
+    }
 }

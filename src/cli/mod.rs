@@ -287,6 +287,18 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<(), Cl
             error!(error = %e, "HTTP server failed");
         }
     });
+    tasks.spawn(crate::maintenance::gauges::run(
+        store.clone(),
+        metrics.clone(),
+        crate::maintenance::gauges::REFRESH_INTERVAL,
+        shutdown.clone(),
+    ));
+    tasks.spawn(crate::maintenance::retention::run(
+        store.clone(),
+        config.relay.retention,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     let relay = Relay::new(store.clone(), sink.clone(), config.relay.clone(), metrics.clone());
     let relay_shutdown = shutdown.clone();
     tasks.spawn(async move { relay.run(relay_shutdown).await });

@@ -6,6 +6,7 @@
 //! attempts during an outage.
 
 pub mod amqp;
+pub mod sqs;
 
 use futures::future::BoxFuture;
 use thiserror::Error;
@@ -49,7 +50,7 @@ pub trait Sink: Send + Sync {
 pub async fn build(config: &SinkConfig) -> Result<Box<dyn Sink>, SinkError> {
     match config {
         SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone()))),
-        SinkConfig::Sqs(_) => Err(SinkError("the sqs sink is not built in yet".to_owned())),
+        SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs).await?)),
     }
 }
 

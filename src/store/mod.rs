@@ -2,6 +2,7 @@
 //! `sql/*.sql`, one statement per file, with `{table}` standing for the
 //! validated, quoted outbox table name.
 
+mod admin;
 mod migrate;
 
 use std::time::Duration;
@@ -14,6 +15,7 @@ use uuid::Uuid;
 
 use crate::config::{DatabaseConfig, TableName};
 
+pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
 pub use migrate::{migrate, MIGRATIONS};
 
 /// A database failure. The messages come from PostgreSQL or the driver and
@@ -21,10 +23,10 @@ pub use migrate::{migrate, MIGRATIONS};
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// No connection could be had from the pool.
-    #[error("database unavailable: {0}")]
+    #[error("database unavailable: {}", with_causes(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
     /// A statement failed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", with_causes(.0))]
     Query(#[from] tokio_postgres::Error),
     /// A statement did not finish in time.
     #[error("database query timed out after {0:?}")]
@@ -40,6 +42,22 @@ impl StoreError {
             StoreError::Query(e) => e.is_closed() || e.as_db_error().is_none(),
         }
     }
+}
+
+/// The driver's top-level messages ("db error", "error connecting to
+/// server") hide the reason in their sources; logs need the whole chain.
+pub fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// One outbox row, as claimed for publishing.
@@ -171,7 +189,7 @@ impl Store {
                 })
                 .collect();
             // UPDATE … RETURNING gives no order guarantee.
-            events.sort_by(|a, b| (a.created_at, a.id).cmp(&(b.created_at, b.id)));
+            events.sort_by_key(|e| (e.created_at, e.id));
             Ok(events)
         })
         .await

@@ -23,7 +23,8 @@ use uuid::Uuid;
 /// Where the tests find PostgreSQL (an admin connection that may create
 /// databases).
 pub fn pg_admin_url() -> String {
-    std::env::var("OUTBOX_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("OUTBOX_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// Where the tests find RabbitMQ.
@@ -82,7 +83,11 @@ impl TestDb {
     pub async fn migrated() -> Self {
         let db = Self::create().await;
         let out = db.relay_command(&["migrate"], &[]).output().expect("run migrate");
-        assert!(out.status.success(), "migrate failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "migrate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         db
     }
 
@@ -95,7 +100,10 @@ impl TestDb {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("OUTBOX_DATABASE_URL", &self.url)
             .env("OUTBOX_AMQP_URL", amqp_url())
-            .env("RUST_LOG", std::env::var("OUTBOX_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()));
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            );
         for (key, value) in env {
             command.env(key, value);
         }
@@ -124,7 +132,10 @@ impl TestDb {
     /// Count of rows matching a WHERE clause.
     pub async fn count(&self, condition: &str) -> i64 {
         self.client
-            .query_one(&format!("SELECT count(*) FROM outbox_event WHERE {condition}"), &[])
+            .query_one(
+                &format!("SELECT count(*) FROM outbox_event WHERE {condition}"),
+                &[],
+            )
             .await
             .expect("count rows")
             .get(0)
@@ -215,7 +226,11 @@ impl TestBroker {
             .await
             .expect("declare exchange");
         channel
-            .queue_declare(queue.as_str().into(), QueueDeclareOptions::default(), FieldTable::default())
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .expect("declare queue");
         channel
@@ -276,7 +291,11 @@ impl TestBroker {
                 })
                 .unwrap_or_default();
             received.push(Received {
-                message_id: properties.message_id().as_ref().map(|s| s.to_string()).unwrap_or_default(),
+                message_id: properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
                 kind: properties.kind().as_ref().map(|s| s.to_string()),
                 content_type: properties.content_type().as_ref().map(|s| s.to_string()),
                 delivery_mode: *properties.delivery_mode(),
@@ -297,7 +316,10 @@ impl TestBroker {
 
     /// Deletes the queue and exchange.
     pub async fn cleanup(self) {
-        let _ = self.channel.queue_delete(self.queue.as_str().into(), Default::default()).await;
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), Default::default())
+            .await;
         let _ = self
             .channel
             .exchange_delete(self.exchange.as_str().into(), Default::default())
@@ -320,7 +342,11 @@ impl RelayProcess {
         if !env.iter().any(|(k, _)| *k == "OUTBOX_HTTP_ADDR") {
             command.env("OUTBOX_HTTP_ADDR", "127.0.0.1:0");
         }
-        let child = command.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("start relay");
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start relay");
         Self { child }
     }
 
@@ -366,7 +392,10 @@ where
         if condition().await {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

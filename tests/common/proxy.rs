@@ -34,7 +34,9 @@ impl Proxy {
                     }
                     let mut cut = generation.subscribe();
                     tokio::spawn(async move {
-                        let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                        let Ok(mut outbound) = TcpStream::connect(target).await else {
+                            return;
+                        };
                         let mut inbound = inbound;
                         tokio::select! {
                             _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}

@@ -20,7 +20,9 @@ pub fn endpoint() -> String {
 pub fn endpoint_addr() -> SocketAddr {
     let url = url::Url::parse(&endpoint()).expect("OUTBOX_TEST_SQS_ENDPOINT is a URL");
     let host = url.host_str().expect("OUTBOX_TEST_SQS_ENDPOINT has a host");
-    let port = url.port_or_known_default().expect("OUTBOX_TEST_SQS_ENDPOINT has a port");
+    let port = url
+        .port_or_known_default()
+        .expect("OUTBOX_TEST_SQS_ENDPOINT has a port");
     (host, port)
         .to_socket_addrs()
         .expect("resolve the SQS emulator")
@@ -39,7 +41,13 @@ pub fn client(endpoint_url: &str) -> Client {
     let config = aws_sdk_sqs::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new(REGION))
-        .credentials_provider(Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "outbox-tests"))
+        .credentials_provider(Credentials::new(
+            ACCESS_KEY,
+            SECRET_KEY,
+            None,
+            None,
+            "outbox-tests",
+        ))
         .endpoint_url(endpoint_url)
         .build();
     Client::from_conf(config)
@@ -99,7 +107,10 @@ impl TestQueue {
                 aws_sdk_sqs::error::DisplayErrorContext(&e)
             )
         });
-        let url = created.queue_url().expect("CreateQueue returns the URL").to_owned();
+        let url = created
+            .queue_url()
+            .expect("CreateQueue returns the URL")
+            .to_owned();
         Self { client, name, url }
     }
 
@@ -154,7 +165,10 @@ impl TestQueue {
                                 .map(|(name, value)| {
                                     (
                                         name.clone(),
-                                        (value.data_type().to_owned(), value.string_value().map(str::to_owned)),
+                                        (
+                                            value.data_type().to_owned(),
+                                            value.string_value().map(str::to_owned),
+                                        ),
                                     )
                                 })
                                 .collect()

@@ -1,0 +1,127 @@
+//! Deletes published rows once their `published_at` is older than
+//! `OUTBOX_RETENTION`, in bounded batches.
+//!
+//! Each tick runs a pass: batches of at most [`BATCH_SIZE`] rows, each one
+//! short transaction, until a batch comes back short; then the task sleeps
+//! until the next tick. No batch holds row locks for longer than deleting
+//! a thousand rows takes, and no statement locks the table beyond the
+//! ordinary row-exclusive lock any DELETE takes, so producers and relays
+//! are never blocked behind it.
+//!
+//! Only one replica cleans a table at a time. Each batch tries a
+//! transaction-level advisory lock (`store/sql/retention_lock.sql`) in its
+//! own transaction rather than holding a session lock on a dedicated
+//! connection: nothing has to keep a connection out of the pool for the
+//! process lifetime, a replica that dies mid-pass releases the lock with
+//! its transaction, and it works behind a transaction-pooling PgBouncer,
+//! where session locks would be held by whichever client shares the server
+//! connection. The cost is that replicas may take turns between batches,
+//! which is harmless: the batches are disjoint by construction
+//! (`FOR UPDATE SKIP LOCKED`), the lock only avoids wasted work.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::Outage;
+use crate::metrics::Metrics;
+use crate::store::{RetentionBatch, Store, StoreError};
+
+/// Rows deleted per statement: small enough that a batch takes
+/// milliseconds and its WAL is modest, large enough that a day of traffic
+/// goes in a few hundred batches.
+pub const BATCH_SIZE: i64 = 1_000;
+
+/// Time between passes. Retention is measured in days, so a minute of
+/// delay is invisible, while a pass on a table with nothing to delete is a
+/// single index probe.
+pub const INTERVAL: Duration = Duration::from_secs(60);
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pass {
+    /// Rows deleted by this replica.
+    pub deleted: u64,
+    /// Batches run (including the last, short one).
+    pub batches: u64,
+    /// Whether the pass stopped because another replica holds the lock.
+    pub busy: bool,
+}
+
+/// Deletes rows published more than `retention` ago, `batch_size` at a
+/// time, until a batch comes back short, another replica turns out to be
+/// cleaning the table, or `shutdown` is cancelled. Counts every committed
+/// batch in `outbox_retention_deleted_total` as it goes, so a pass cut short
+/// by an error still reports what it did.
+pub async fn run_pass(
+    store: &Store,
+    retention: Duration,
+    batch_size: i64,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<Pass, StoreError> {
+    let mut pass = Pass::default();
+    while !shutdown.is_cancelled() {
+        pass.batches += 1;
+        match store.delete_retained(retention, batch_size).await? {
+            RetentionBatch::Busy => {
+                pass.busy = true;
+                break;
+            }
+            RetentionBatch::Deleted(deleted) => {
+                pass.deleted += deleted;
+                metrics.retention_deleted_total.inc_by(deleted);
+                if i64::try_from(deleted).unwrap_or(i64::MAX) < batch_size {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(pass)
+}
+
+/// Runs a pass at once and then every [`INTERVAL`] until `shutdown`;
+/// returns at once when retention is disabled (`None`).
+pub async fn run(
+    store: Arc<Store>,
+    retention: Option<Duration>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let Some(retention) = retention else {
+        info!("retention disabled (OUTBOX_RETENTION=0): published rows are kept");
+        return;
+    };
+    info!(retention_secs = retention.as_secs(), "retention enabled");
+    let mut outage = Outage::new("retention");
+    let mut ticker = tokio::time::interval(INTERVAL);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let started = Instant::now();
+        // A batch is one short transaction, so letting the one in flight
+        // finish on shutdown costs at most a few milliseconds.
+        match run_pass(&store, retention, BATCH_SIZE, &metrics, &shutdown).await {
+            Ok(pass) => {
+                outage.succeeded();
+                if pass.deleted > 0 {
+                    info!(
+                        deleted = pass.deleted,
+                        batches = pass.batches,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "retention deleted published rows"
+                    );
+                } else if pass.busy {
+                    debug!("retention skipped: another replica is cleaning the table");
+                }
+            }
+            Err(error) => outage.failed(&error),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+-- `replay`: rows published in [$1, $2) (now when $2 is NULL), optionally of
+-- one event type ($3), become unpublished and due now, so the relay
+-- publishes them again under the same ids. One set-based statement: a
+-- range scan of the published index. Rows retention has already deleted
+-- are gone and cannot be replayed.
+UPDATE {table}
+SET published_at = NULL,
+    attempt_count = 0,
+    next_attempt_at = now(),
+    quarantined_at = NULL
+WHERE published_at IS NOT NULL
+  AND published_at >= $1::timestamptz
+  AND published_at < COALESCE($2::timestamptz, now())
+  AND ($3::text IS NULL OR event_type = $3::text)

@@ -1,0 +1,589 @@
+//! The operator commands, run as the binary on a prepared table: `status`,
+//! `quarantine list`, `quarantine release` and `replay` — their output,
+//! their effect on the table and their exit status.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Output;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use common::TestDb;
+use uuid::Uuid;
+
+// ---------------------------------------------------------------- factories
+
+/// Rows in one state, with times relative to the database's `now()`.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    count: usize,
+    event_type: &'static str,
+    /// `created_at = now() - created_ago_s`.
+    created_ago_s: i64,
+    /// `published_at = now() - published_ago_s`; unpublished when `None`.
+    published_ago_s: Option<i64>,
+    /// `next_attempt_at = now() + due_in_s`.
+    due_in_s: i64,
+    attempts: i32,
+    /// Quarantined (now) with this last error.
+    quarantined: Option<&'static str>,
+}
+
+impl Rows {
+    fn pending(count: usize) -> Self {
+        Self {
+            count,
+            event_type: "order.created",
+            created_ago_s: 0,
+            published_ago_s: None,
+            due_in_s: 0,
+            attempts: 0,
+            quarantined: None,
+        }
+    }
+
+    fn of_type(self, event_type: &'static str) -> Self {
+        Self { event_type, ..self }
+    }
+
+    fn created_ago(self, seconds: i64) -> Self {
+        Self {
+            created_ago_s: seconds,
+            ..self
+        }
+    }
+
+    fn published_ago(self, seconds: i64) -> Self {
+        Self {
+            published_ago_s: Some(seconds),
+            created_ago_s: self.created_ago_s.max(seconds + 1),
+            attempts: 1,
+            ..self
+        }
+    }
+
+    fn due_in(self, seconds: i64) -> Self {
+        Self {
+            due_in_s: seconds,
+            attempts: 3,
+            ..self
+        }
+    }
+
+    fn quarantined(self, error: &'static str) -> Self {
+        Self {
+            quarantined: Some(error),
+            attempts: 10,
+            ..self
+        }
+    }
+
+    async fn insert(self, db: &TestDb) -> Vec<Uuid> {
+        let ids: Vec<Uuid> = (0..self.count).map(|_| Uuid::new_v4()).collect();
+        db.client
+            .execute(
+                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, published_at,
+                                           attempt_count, next_attempt_at, last_error, quarantined_at)
+                 SELECT id, $2, 'agg-1', '{\"n\": 1}'::jsonb,
+                        now() - $3::bigint * interval '1 second',
+                        now() - $4::bigint * interval '1 second',
+                        $5, now() + $6::bigint * interval '1 second',
+                        $7::text, CASE WHEN $7::text IS NULL THEN NULL ELSE now() END
+                 FROM unnest($1::uuid[]) AS u(id)",
+                &[
+                    &ids,
+                    &self.event_type,
+                    &self.created_ago_s,
+                    &self.published_ago_s,
+                    &self.attempts,
+                    &self.due_in_s,
+                    &self.quarantined,
+                ],
+            )
+            .await
+            .expect("insert rows");
+        ids
+    }
+}
+
+const MINUTE: i64 = 60;
+const HOUR: i64 = 3_600;
+
+fn run(db: &TestDb, args: &[&str]) -> Output {
+    db.relay_command(args, &[]).output().expect("run outbox-relay")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts the exit status, showing the output when it is not the one expected.
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(out),
+        stderr(out)
+    );
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert_exit(out, 0);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(out)))
+}
+
+/// The column where each line's value starts (after the label and its padding).
+fn value_column(line: &str, label: &str) -> usize {
+    let rest = line
+        .strip_prefix(label)
+        .unwrap_or_else(|| panic!("{line:?} starts with {label:?}"));
+    label.len() + rest.len() - rest.trim_start().len()
+}
+
+async fn ids_where(db: &TestDb, condition: &str) -> HashSet<Uuid> {
+    db.client
+        .query(&format!("SELECT id FROM outbox_event WHERE {condition}"), &[])
+        .await
+        .expect("select ids")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// A table with a bit of everything.
+async fn backlog(db: &TestDb) {
+    Rows::pending(3).insert(db).await;
+    Rows::pending(2).due_in(HOUR).insert(db).await;
+    Rows::pending(1).created_ago(HOUR).insert(db).await;
+    Rows::pending(2)
+        .created_ago(2 * HOUR)
+        .quarantined("rejected")
+        .insert(db)
+        .await;
+    Rows::pending(4).published_ago(10 * MINUTE).insert(db).await;
+    Rows::pending(3).published_ago(2 * HOUR).insert(db).await;
+}
+
+// ----------------------------------------------------------------- status
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_json_reports_the_backlog() {
+    let db = TestDb::migrated().await;
+    backlog(&db).await;
+
+    let status = json(&run(&db, &["status", "--json"]));
+    let keys: HashSet<&str> = status
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        HashSet::from([
+            "unpublished",
+            "oldest_unpublished_age_seconds",
+            "quarantined",
+            "published_last_hour"
+        ]),
+        "the documented shape"
+    );
+    assert_eq!(status["unpublished"], 6, "due, backing off and old; {status}");
+    assert_eq!(status["quarantined"], 2, "{status}");
+    assert_eq!(status["published_last_hour"], 4, "{status}");
+    let age = status["oldest_unpublished_age_seconds"]
+        .as_f64()
+        .expect("a number");
+    assert!(
+        (3600.0..7200.0).contains(&age),
+        "the 1-hour-old row, not the quarantined ones: {age}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_text_is_aligned_and_readable() {
+    let db = TestDb::migrated().await;
+    backlog(&db).await;
+
+    let out = run(&db, &["status"]);
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let labels = [
+        ("table", "outbox_event"),
+        ("unpublished", "6"),
+        ("oldest unpublished age", "1h 0m "),
+        ("quarantined", "2"),
+        ("published last hour", "4"),
+    ];
+    assert_eq!(lines.len(), labels.len(), "{text}");
+    let column = value_column(lines[0], "table");
+    for (line, (label, value)) in lines.iter().zip(labels) {
+        assert_eq!(value_column(line, label), column, "values line up:\n{text}");
+        assert!(line[column..].starts_with(value), "{label} is {value}:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_of_an_empty_table_is_all_zero() {
+    let db = TestDb::migrated().await;
+    let status = json(&run(&db, &["status", "--json"]));
+    assert_eq!(
+        status,
+        serde_json::json!({
+            "unpublished": 0,
+            "oldest_unpublished_age_seconds": 0.0,
+            "quarantined": 0,
+            "published_last_hour": 0
+        })
+    );
+    let out = run(&db, &["status"]);
+    assert_exit(&out, 0);
+    assert!(
+        stdout(&out).contains("0s (no unpublished rows)"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+// ------------------------------------------------------------- quarantine
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_list_shows_each_quarantined_row() {
+    let db = TestDb::migrated().await;
+    let out = run(&db, &["quarantine", "list"]);
+    assert_exit(&out, 0);
+    assert_eq!(stdout(&out), "no quarantined rows in outbox_event\n");
+    assert_eq!(
+        json(&run(&db, &["quarantine", "list", "--json"])),
+        serde_json::json!([])
+    );
+
+    let rejected = Rows::pending(1)
+        .of_type("invoice.issued")
+        .quarantined("rejected by sink: body larger than 262144 bytes\nsecond line")
+        .insert(&db)
+        .await;
+    let gave_up = Rows::pending(2)
+        .quarantined("gave up after 10 attempts: nack")
+        .insert(&db)
+        .await;
+    Rows::pending(3).insert(&db).await;
+    Rows::pending(2).published_ago(MINUTE).insert(&db).await;
+
+    let list = json(&run(&db, &["quarantine", "list", "--json"]));
+    let items = list.as_array().expect("an array");
+    assert_eq!(items.len(), 3, "{list}");
+    for item in items {
+        let keys: HashSet<&str> = item
+            .as_object()
+            .expect("objects")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            HashSet::from([
+                "id",
+                "event_type",
+                "attempt_count",
+                "last_error",
+                "quarantined_at"
+            ])
+        );
+        assert_eq!(item["attempt_count"], 10);
+        let at = item["quarantined_at"].as_str().expect("a string");
+        DateTime::parse_from_rfc3339(at).unwrap_or_else(|e| panic!("{at} is not RFC 3339: {e}"));
+    }
+    let by_id = |id: Uuid| {
+        items
+            .iter()
+            .find(|item| item["id"] == id.to_string())
+            .unwrap_or_else(|| panic!("{id} listed in {list}"))
+    };
+    let first = by_id(rejected[0]);
+    assert_eq!(first["event_type"], "invoice.issued");
+    assert_eq!(
+        first["last_error"], "rejected by sink: body larger than 262144 bytes\nsecond line",
+        "the full error in JSON"
+    );
+    assert_eq!(by_id(gave_up[0])["event_type"], "order.created");
+
+    let out = run(&db, &["quarantine", "list"]);
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "header, three rows, total:\n{text}");
+    let header = lines[0];
+    assert!(header.starts_with("ID "), "{text}");
+    let type_column = header.find("EVENT TYPE").expect("EVENT TYPE column");
+    let error_column = header.find("LAST ERROR").expect("LAST ERROR column");
+    for line in &lines[1..4] {
+        let id: Uuid = line[..36].parse().expect("each row starts with its id");
+        assert!(
+            rejected.contains(&id) || gave_up.contains(&id),
+            "{id} is quarantined"
+        );
+        let event_type = &line[type_column..];
+        assert!(
+            event_type.starts_with("invoice.issued") || event_type.starts_with("order.created"),
+            "columns line up:\n{text}"
+        );
+        assert!(
+            line[error_column..].starts_with("rejected by sink: body larger than 262144 bytes second line")
+                || line[error_column..].starts_with("gave up after 10 attempts: nack"),
+            "last error on one line, in its column:\n{text}"
+        );
+    }
+    assert_eq!(lines[4], "3 rows quarantined in outbox_event");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_release_requeues_the_given_rows_and_reports_the_others() {
+    let db = TestDb::migrated().await;
+    let quarantined = Rows::pending(3).quarantined("rejected").insert(&db).await;
+    let pending = Rows::pending(1).due_in(HOUR).insert(&db).await;
+    let unknown = Uuid::new_v4();
+
+    let (a, b, c) = (
+        quarantined[0].to_string(),
+        quarantined[1].to_string(),
+        quarantined[2],
+    );
+    let out = run(
+        &db,
+        &[
+            "quarantine",
+            "release",
+            &a,
+            &b,
+            &a,
+            &pending[0].to_string(),
+            &unknown.to_string(),
+        ],
+    );
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("released 2 rows from quarantine in outbox_event"),
+        "{text}"
+    );
+    assert!(
+        text.contains("not quarantined (no such id, already released, or published): 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  {unknown}")) && text.contains(&format!("  {}", pending[0])),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!("  {a}")),
+        "released ids are not reported as missed:\n{text}"
+    );
+
+    let released: HashSet<Uuid> = quarantined[..2].iter().copied().collect();
+    assert_eq!(
+        ids_where(&db, "quarantined_at IS NULL AND attempt_count = 0 AND next_attempt_at <= now() AND published_at IS NULL").await,
+        released,
+        "released rows are due now with attempts reset"
+    );
+    assert_eq!(
+        ids_where(&db, "quarantined_at IS NOT NULL").await,
+        HashSet::from([c])
+    );
+    assert_eq!(
+        ids_where(&db, "next_attempt_at > now() AND attempt_count = 3").await,
+        HashSet::from([pending[0]]),
+        "a row that was not quarantined is left alone"
+    );
+
+    // Releasing again is harmless: nothing left to release among those ids.
+    let out = run(&db, &["quarantine", "release", &a]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).starts_with("released 0 rows"), "{}", stdout(&out));
+
+    let out = run(&db, &["quarantine", "release", "--all"]);
+    assert_exit(&out, 0);
+    assert!(
+        stdout(&out).starts_with("released 1 row from quarantine"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(db.count("quarantined_at IS NOT NULL").await, 0);
+    assert_eq!(
+        db.count("attempt_count = 0 AND next_attempt_at <= now()").await,
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_release_refuses_bad_arguments() {
+    let db = TestDb::migrated().await;
+    let id = Uuid::new_v4().to_string();
+    for args in [
+        vec!["quarantine", "release"],
+        vec!["quarantine", "release", "--all", &id],
+        vec!["quarantine", "release", "not-a-uuid"],
+    ] {
+        let out = run(&db, &args);
+        assert_exit(&out, 2);
+    }
+}
+
+// ----------------------------------------------------------------- replay
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_requeues_rows_published_in_the_window() {
+    let db = TestDb::migrated().await;
+    let now: DateTime<Utc> = db
+        .client
+        .query_one("SELECT now()", &[])
+        .await
+        .expect("now")
+        .get(0);
+    let at = |ago: i64| (now - chrono::Duration::seconds(ago)).to_rfc3339_opts(SecondsFormat::Secs, true);
+
+    let three_hours = Rows::pending(2).published_ago(3 * HOUR).insert(&db).await;
+    let two_hours = Rows::pending(3).published_ago(2 * HOUR).insert(&db).await;
+    let two_hours_invoices = Rows::pending(2)
+        .of_type("invoice.issued")
+        .published_ago(2 * HOUR)
+        .insert(&db)
+        .await;
+    let recent = Rows::pending(1)
+        .of_type("invoice.issued")
+        .published_ago(10 * MINUTE)
+        .insert(&db)
+        .await;
+    let pending = Rows::pending(1).due_in(HOUR).insert(&db).await;
+    let quarantined = Rows::pending(1).quarantined("rejected").insert(&db).await;
+
+    // [2.5 h ago, 1 h ago): the rows published two hours ago, both types.
+    let out = run(
+        &db,
+        &["replay", "--since", &at(150 * MINUTE), "--until", &at(HOUR)],
+    );
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(text.starts_with("re-queued 5 rows published in ["), "{text}");
+    let requeued: HashSet<Uuid> = two_hours.iter().chain(&two_hours_invoices).copied().collect();
+    assert_eq!(
+        ids_where(
+            &db,
+            "published_at IS NULL AND quarantined_at IS NULL AND attempt_count = 0 AND next_attempt_at <= now()"
+        )
+        .await,
+        requeued,
+        "unpublished, due now, attempts reset"
+    );
+
+    // Open-ended, one event type: only the recent invoice is still published.
+    let out = run(
+        &db,
+        &[
+            "replay",
+            "--since",
+            &at(4 * HOUR),
+            "--event-type",
+            "invoice.issued",
+        ],
+    );
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(text.starts_with("re-queued 1 row published in ["), "{text}");
+    assert!(text.contains(", now) of event type 'invoice.issued'"), "{text}");
+    assert!(ids_where(&db, "published_at IS NULL").await.contains(&recent[0]));
+
+    let still_published: HashSet<Uuid> = three_hours.iter().copied().collect();
+    assert_eq!(ids_where(&db, "published_at IS NOT NULL").await, still_published);
+    assert_eq!(
+        ids_where(&db, "next_attempt_at > now()").await,
+        HashSet::from([pending[0]])
+    );
+    assert_eq!(
+        ids_where(&db, "quarantined_at IS NOT NULL").await,
+        HashSet::from([quarantined[0]])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_refuses_bad_arguments() {
+    let db = TestDb::migrated().await;
+    for (args, complaint) in [
+        (vec!["replay"], "--since"),
+        (vec!["replay", "--since", "yesterday"], "--since"),
+        (vec!["replay", "--since", "2026-01-02"], "--since"),
+        (
+            vec![
+                "replay",
+                "--since",
+                "2026-01-02T00:00:00Z",
+                "--until",
+                "2026-01-01T00:00:00Z",
+            ],
+            "--until",
+        ),
+        (
+            vec![
+                "replay",
+                "--since",
+                "2026-01-02T00:00:00Z",
+                "--until",
+                "2026-01-02T00:00:00Z",
+            ],
+            "--until",
+        ),
+    ] {
+        let out = run(&db, &args);
+        assert_exit(&out, 2);
+        assert!(stderr(&out).contains(complaint), "{args:?}: {}", stderr(&out));
+    }
+}
+
+// ------------------------------------------------------------------ errors
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_exit_with_the_documented_status() {
+    let db = TestDb::migrated().await;
+
+    let out = db
+        .relay_command(&["status"], &[("OUTBOX_TABLE", "bad-name")])
+        .output()
+        .expect("run");
+    assert_exit(&out, 2);
+    assert!(stderr(&out).contains("OUTBOX_TABLE"), "{}", stderr(&out));
+
+    let out = db
+        .relay_command(&["status"], &[("OUTBOX_TABLE", "not_migrated")])
+        .output()
+        .expect("run");
+    assert_exit(&out, 1);
+    assert!(
+        stderr(&out).contains("relation \"not_migrated\" does not exist") && stderr(&out).contains("migrate"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = db
+        .relay_command(
+            &["quarantine", "list"],
+            &[(
+                "OUTBOX_DATABASE_URL",
+                "postgres://postgres:s3cret@127.0.0.1:1/nowhere",
+            )],
+        )
+        .output()
+        .expect("run");
+    assert_exit(&out, 1);
+    assert!(stderr(&out).contains("127.0.0.1:1/nowhere"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("s3cret"),
+        "no password in errors: {}",
+        stderr(&out)
+    );
+}
