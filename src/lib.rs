@@ -10,6 +10,7 @@
 //! ```
 //!
 //! Modules:
+//! - [`consumer`] — for consumers: deduplicate on the message id (`processed_message`).
 //! - [`config`] — settings from the environment and flags → validated [`config::Config`].
 //! - [`store`] — every SQL statement (files in `src/store/sql/`) and the embedded migrations.
 //! - [`sink`] — the [`sink::Sink`] contract and its RabbitMQ implementation.
@@ -23,6 +24,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod consumer;
 pub mod http;
 pub mod maintenance;
 pub mod metrics;

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub oldest_unpublished_age: Gauge<f64, AtomicU64>,
     /// Quarantined rows.
     pub quarantined: Gauge,
+    /// Aggregates whose oldest unpublished row has failed or is quarantined.
+    pub stuck_aggregates: Gauge,
     /// Confirmed publishes.
     pub published_total: Counter,
     /// Failed attempts.
@@ -52,6 +54,7 @@ impl Metrics {
             unpublished: Gauge::default(),
             oldest_unpublished_age: Gauge::default(),
             quarantined: Gauge::default(),
+            stuck_aggregates: Gauge::default(),
             published_total: Counter::default(),
             publish_failures_total: Counter::default(),
             quarantined_total: Counter::default(),
@@ -76,6 +79,11 @@ impl Metrics {
             "outbox_quarantined_events",
             "Quarantined rows waiting for an operator",
             metrics.quarantined.clone(),
+        );
+        registry.register(
+            "outbox_stuck_aggregates",
+            "Aggregates whose oldest unpublished row has failed or is quarantined (held back with OUTBOX_ORDERING=aggregate)",
+            metrics.stuck_aggregates.clone(),
         );
         registry.register(
             "outbox_events_published",

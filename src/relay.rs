@@ -170,7 +170,7 @@ impl Relay {
             sink_state.succeeded();
             let batch = match self
                 .store
-                .claim(self.config.batch_size, self.config.lease())
+                .claim(self.config.batch_size, self.config.lease(), self.config.ordering)
                 .await
             {
                 Ok(batch) => {

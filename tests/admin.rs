@@ -189,13 +189,18 @@ async fn status_json_reports_the_backlog() {
             "unpublished",
             "oldest_unpublished_age_seconds",
             "quarantined",
-            "published_last_hour"
+            "published_last_hour",
+            "stuck_aggregates"
         ]),
         "the documented shape"
     );
     assert_eq!(status["unpublished"], 6, "due, backing off and old; {status}");
     assert_eq!(status["quarantined"], 2, "{status}");
     assert_eq!(status["published_last_hour"], 4, "{status}");
+    assert_eq!(
+        status["stuck_aggregates"], 1,
+        "agg-1's head is quarantined; {status}"
+    );
     let age = status["oldest_unpublished_age_seconds"]
         .as_f64()
         .expect("a number");
@@ -220,6 +225,7 @@ async fn status_text_is_aligned_and_readable() {
         ("oldest unpublished age", "1h 0m "),
         ("quarantined", "2"),
         ("published last hour", "4"),
+        ("stuck aggregates", "1"),
     ];
     assert_eq!(lines.len(), labels.len(), "{text}");
     let column = value_column(lines[0], "table");
@@ -239,7 +245,8 @@ async fn status_of_an_empty_table_is_all_zero() {
             "unpublished": 0,
             "oldest_unpublished_age_seconds": 0.0,
             "quarantined": 0,
-            "published_last_hour": 0
+            "published_last_hour": 0,
+            "stuck_aggregates": 0
         })
     );
     let out = run(&db, &["status"]);

@@ -40,6 +40,7 @@ struct StatusJson {
     oldest_unpublished_age_seconds: f64,
     quarantined: i64,
     published_last_hour: i64,
+    stuck_aggregates: i64,
 }
 
 /// One element of `quarantine list --json`.
@@ -66,6 +67,7 @@ pub async fn status(database: DatabaseConfig, json: bool) -> Result<(), CliError
             oldest_unpublished_age_seconds: backlog.oldest_unpublished_age_seconds,
             quarantined: backlog.quarantined,
             published_last_hour: recent,
+            stuck_aggregates: backlog.stuck_aggregates,
         })?
     } else {
         render_status(&database, &backlog, recent)
@@ -231,6 +233,7 @@ fn render_status(database: &DatabaseConfig, backlog: &Backlog, recent: i64) -> S
         ),
         ("quarantined", backlog.quarantined.to_string()),
         ("published last hour", recent.to_string()),
+        ("stuck aggregates", backlog.stuck_aggregates.to_string()),
     ];
     let width = lines.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
     let mut text = String::new();

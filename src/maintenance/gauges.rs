@@ -29,6 +29,7 @@ pub async fn refresh(store: &Store, metrics: &Metrics) -> Result<Backlog, StoreE
         .oldest_unpublished_age
         .set(backlog.oldest_unpublished_age_seconds);
     metrics.quarantined.set(backlog.quarantined);
+    metrics.stuck_aggregates.set(backlog.stuck_aggregates);
     Ok(backlog)
 }
 

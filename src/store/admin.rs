@@ -36,6 +36,9 @@ pub struct Backlog {
     pub oldest_unpublished_age_seconds: f64,
     /// Quarantined rows waiting for an operator.
     pub quarantined: i64,
+    /// Aggregates whose oldest unpublished row has failed or is quarantined:
+    /// held back under `OUTBOX_ORDERING=aggregate`.
+    pub stuck_aggregates: i64,
 }
 
 /// One quarantined row, as `quarantine list` shows it.
@@ -140,6 +143,7 @@ impl Store {
                 unpublished: row.get(0),
                 oldest_unpublished_age_seconds: row.get(1),
                 quarantined: row.get(2),
+                stuck_aggregates: row.get(3),
             })
         })
         .await

@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_indexes.sql",
         sql: include_str!("../../migrations/0003_indexes.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_aggregate_order_index.sql",
+        sql: include_str!("../../migrations/0004_aggregate_order_index.sql"),
+    },
 ];
 
 impl Migration {
@@ -44,6 +49,7 @@ impl Migration {
             .replace("{pending_index}", &table.derived("pending_idx"))
             .replace("{quarantined_index}", &table.derived("quarantined_idx"))
             .replace("{published_index}", &table.derived("published_idx"))
+            .replace("{aggregate_index}", &table.derived("aggregate_idx"))
     }
 }
 

@@ -13,7 +13,7 @@ use thiserror::Error;
 use tokio_postgres::NoTls;
 use uuid::Uuid;
 
-use crate::config::{DatabaseConfig, TableName};
+use crate::config::{DatabaseConfig, Ordering, TableName};
 
 pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
 pub use migrate::{migrate, MIGRATIONS};
@@ -83,6 +83,7 @@ pub struct Event {
 #[derive(Debug)]
 struct Statements {
     claim: String,
+    claim_ordered: String,
     mark_published: String,
     delete_published: String,
     reschedule: String,
@@ -95,6 +96,7 @@ impl Statements {
         let render = |sql: &str| sql.replace("{table}", &quoted);
         Self {
             claim: render(include_str!("sql/claim.sql")),
+            claim_ordered: render(include_str!("sql/claim_ordered.sql")),
             mark_published: render(include_str!("sql/mark_published.sql")),
             delete_published: render(include_str!("sql/delete_published.sql")),
             reschedule: render(include_str!("sql/reschedule.sql")),
@@ -169,11 +171,21 @@ impl Store {
     }
 
     /// Claims up to `limit` due rows and leases them for `lease`; returns them
-    /// in `(created_at, id)` order.
-    pub async fn claim(&self, limit: u32, lease: Duration) -> Result<Vec<Event>, StoreError> {
+    /// in `(created_at, id)` order. With [`Ordering::Aggregate`] only rows
+    /// whose predecessors in their aggregate are all published qualify.
+    pub async fn claim(
+        &self,
+        limit: u32,
+        lease: Duration,
+        ordering: Ordering,
+    ) -> Result<Vec<Event>, StoreError> {
+        let sql = match ordering {
+            Ordering::None => &self.sql.claim,
+            Ordering::Aggregate => &self.sql.claim_ordered,
+        };
         bounded(async {
             let client = self.pool.get().await?;
-            let statement = client.prepare_cached(&self.sql.claim).await?;
+            let statement = client.prepare_cached(sql).await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
             let rows = client.query(&statement, &[&i64::from(limit), &lease_ms]).await?;
             let mut events: Vec<Event> = rows

@@ -6,7 +6,11 @@
 --   exactly the unpublished, unquarantined rows, due or backing off);
 -- * oldest age: min(created_at) becomes a one-entry scan of the same index,
 --   which leads with created_at;
--- * quarantined: a scan of the quarantined index, usually empty.
+-- * quarantined: a scan of the quarantined index, usually empty;
+-- * stuck aggregates: aggregates whose head (oldest unpublished row) has
+--   failed or is quarantined; with OUTBOX_ORDERING=aggregate these are held
+--   back. A scan of the aggregate index (unpublished rows only) with one
+--   probe of the same index per failed row.
 --
 -- The age is computed with the database clock, the clock created_at was
 -- written with; GREATEST keeps a producer clock running ahead from showing a
@@ -20,4 +24,15 @@ SELECT
       WHERE published_at IS NULL AND quarantined_at IS NULL) AS oldest_unpublished_age_seconds,
     (SELECT count(*)
        FROM {table}
-      WHERE quarantined_at IS NOT NULL AND published_at IS NULL) AS quarantined
+      WHERE quarantined_at IS NOT NULL AND published_at IS NULL) AS quarantined,
+    (SELECT count(*)
+       FROM {table} AS h
+      WHERE h.published_at IS NULL
+        AND (h.quarantined_at IS NOT NULL OR h.last_error IS NOT NULL)
+        AND NOT EXISTS (
+            SELECT 1
+            FROM {table} AS p
+            WHERE p.aggregate_id = h.aggregate_id
+              AND p.published_at IS NULL
+              AND (p.created_at, p.id) < (h.created_at, h.id)
+        )) AS stuck_aggregates
