@@ -122,6 +122,11 @@ pub struct RelaySettings {
     /// Listen address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, env = "OUTBOX_HTTP_ADDR", default_value = "0.0.0.0:9090")]
     pub http_addr: String,
+
+    /// Batches in flight at once in this replica (each claims, publishes
+    /// and records on its own).
+    #[arg(long, env = "OUTBOX_WORKERS", default_value = "4")]
+    pub workers: String,
 }
 
 /// A validated, possibly schema-qualified table name, quoted for SQL.
@@ -176,6 +181,29 @@ impl TableName {
         let mut base = format!("{}_{suffix}", self.name);
         base.truncate(63);
         format!("\"{base}\"")
+    }
+}
+
+impl TableName {
+    /// Like [`TableName::derived`], qualified with the table's schema (for
+    /// functions, which are not implicitly in the table's schema).
+    pub fn qualified_derived(&self, suffix: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".{}", self.derived(suffix)),
+            None => self.derived(suffix),
+        }
+    }
+
+    /// The LISTEN/NOTIFY channel announcing new rows of this table. Only
+    /// identifier characters (validated) and '_' go in, so it needs no
+    /// escaping as a literal or a quoted identifier.
+    pub fn notify_channel(&self) -> String {
+        let mut channel = match &self.schema {
+            Some(schema) => format!("outbox_relay_{schema}_{}", self.name),
+            None => format!("outbox_relay_{}", self.name),
+        };
+        channel.truncate(63);
+        channel
     }
 }
 
@@ -557,6 +585,8 @@ pub struct RelayConfig {
     pub ordering: Ordering,
     /// HTTP listen address.
     pub http_addr: std::net::SocketAddr,
+    /// Batches in flight at once.
+    pub workers: u32,
 }
 
 impl RelayConfig {
@@ -631,6 +661,7 @@ impl RelaySettings {
                 ))
             }
         };
+        let workers = parse_positive("OUTBOX_WORKERS", &self.workers, 64)?;
         let http_addr = self.http_addr.trim().parse().map_err(|_| {
             ConfigError::new(
                 "OUTBOX_HTTP_ADDR",
@@ -648,6 +679,7 @@ impl RelaySettings {
             retention: (!retention.is_zero()).then_some(retention),
             ordering,
             http_addr,
+            workers,
         })
     }
 }
@@ -679,6 +711,7 @@ mod tests {
             retention: "7d".into(),
             ordering: "none".into(),
             http_addr: "0.0.0.0:9090".into(),
+            workers: "4".into(),
         }
     }
 

@@ -247,7 +247,7 @@ mod tests {
         let sql = MIGRATION_SQL;
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS processed_message"));
         assert!(sql.contains("PRIMARY KEY (consumer_name, message_id)"));
-        assert!(sql.contains("ON processed_message (processed_at)"));
+        assert!(sql.contains("ON processed_message (consumer_name, processed_at)"));
         // The claim relies on the primary key for its conflict.
         assert!(CLAIM_SQL.contains("ON CONFLICT DO NOTHING"));
     }

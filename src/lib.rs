@@ -10,7 +10,6 @@
 //! ```
 //!
 //! Modules:
-//! - [`consumer`] — for consumers: deduplicate on the message id (`processed_message`).
 //! - [`config`] — settings from the environment and flags → validated [`config::Config`].
 //! - [`store`] — every SQL statement (files in `src/store/sql/`) and the embedded migrations.
 //! - [`sink`] — the [`sink::Sink`] contract and its RabbitMQ implementation.
@@ -21,6 +20,8 @@
 //! - [`cli`] — the command line, and the `run` command that wires it all.
 //! - [`outage`] — logging an outage once, not on every retry.
 //! - [`telemetry`] — logging.
+//! - [`consumer`] — not used by the relay: a library for consumers, to apply each message once
+//!   (deduplication on the message id in `processed_message`).
 
 pub mod cli;
 pub mod config;

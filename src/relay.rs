@@ -5,7 +5,7 @@
 //! come due again when their lease runs out. Outcomes are recorded with one
 //! set-based statement per kind (published, retry, quarantine) per batch.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -82,24 +82,22 @@ pub fn split_exhausted(events: Vec<Event>, max_attempts: u32) -> (Vec<Event>, Ve
     (due, quarantine)
 }
 
-/// A dependency's outage: logged once (see [`Outage`]) and retried with a
-/// capped, jittered backoff.
-struct Availability {
-    outage: Outage,
+/// One worker's view of a dependency's outage: the outage itself is shared
+/// by all workers, so it is logged once per replica (see [`Outage`]); the
+/// retry delays (capped, jittered backoff) are the worker's own.
+struct Availability<'a> {
+    outage: &'a Mutex<Outage>,
     delays: Option<backon::ExponentialBackoff>,
 }
 
-impl Availability {
-    fn new(what: &'static str) -> Self {
-        Self {
-            outage: Outage::new(what),
-            delays: None,
-        }
+impl<'a> Availability<'a> {
+    fn new(outage: &'a Mutex<Outage>) -> Self {
+        Self { outage, delays: None }
     }
 
     /// Records a failure and returns how long to wait before trying again.
     fn failed(&mut self, error: &dyn std::fmt::Display) -> Duration {
-        self.outage.failed(error);
+        lock(self.outage).failed(error);
         self.delays
             .get_or_insert_with(|| {
                 ExponentialBuilder::default()
@@ -114,9 +112,16 @@ impl Availability {
     }
 
     fn succeeded(&mut self) {
-        self.outage.succeeded();
-        self.delays = None;
+        if self.delays.take().is_some() {
+            lock(self.outage).succeeded();
+        }
     }
+}
+
+/// The outage state is plain data; a panic elsewhere cannot leave it
+/// inconsistent, so a poisoned lock is still usable.
+fn lock(outage: &Mutex<Outage>) -> std::sync::MutexGuard<'_, Outage> {
+    outage.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The relay: a store, a sink and the loop between them.
@@ -126,6 +131,8 @@ pub struct Relay {
     config: RelayConfig,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
+    sink_outage: Mutex<Outage>,
+    database_outage: Mutex<Outage>,
 }
 
 impl Relay {
@@ -133,10 +140,12 @@ impl Relay {
     pub fn new(store: Arc<Store>, sink: Arc<dyn Sink>, config: RelayConfig, metrics: Arc<Metrics>) -> Self {
         Self {
             store,
-            sink,
+            sink: sink.clone(),
             config,
             metrics,
             wake: Arc::new(Notify::new()),
+            database_outage: Mutex::new(Outage::new("database")),
+            sink_outage: Mutex::new(Outage::new(sink.kind())),
         }
     }
 
@@ -153,18 +162,34 @@ impl Relay {
     }
 
     /// Runs until `shutdown` is cancelled. On shutdown it stops claiming,
-    /// settles the batch in flight (publish bounded by the publish timeout,
-    /// recording bounded too) and returns.
+    /// settles the batches in flight (publish bounded by the publish
+    /// timeout, recording bounded too) and returns.
+    ///
+    /// `OUTBOX_WORKERS` batches are in flight at once: while one batch waits
+    /// for the broker's confirms, another is being claimed or recorded, so
+    /// neither PostgreSQL nor the broker sits idle between round trips.
     pub async fn run(&self, shutdown: CancellationToken) {
-        let mut sink_state = Availability::new(self.sink.kind());
-        let mut db_state = Availability::new("database");
-        info!(sink = self.sink.kind(), table = %self.store.table(), batch_size = self.config.batch_size, "relay started");
+        info!(
+            sink = self.sink.kind(),
+            table = %self.store.table(),
+            batch_size = self.config.batch_size,
+            workers = self.config.workers,
+            ordering = ?self.config.ordering,
+            "relay started"
+        );
+        futures::future::join_all((0..self.config.workers).map(|_| self.work(&shutdown))).await;
+        info!("relay stopped");
+    }
+
+    async fn work(&self, shutdown: &CancellationToken) {
+        let mut sink_state = Availability::new(&self.sink_outage);
+        let mut db_state = Availability::new(&self.database_outage);
         while !shutdown.is_cancelled() {
             // Checking the sink first keeps a broker outage from burning
             // every row's attempts towards quarantine.
             if let Err(e) = self.sink.ready().await {
                 let delay = sink_state.failed(&e);
-                sleep_or_cancel(delay, &shutdown).await;
+                sleep_or_cancel(delay, shutdown).await;
                 continue;
             }
             sink_state.succeeded();
@@ -179,11 +204,13 @@ impl Relay {
                 }
                 Err(e) => {
                     let delay = db_state.failed(&e);
-                    sleep_or_cancel(delay, &shutdown).await;
+                    sleep_or_cancel(delay, shutdown).await;
                     continue;
                 }
             };
             if batch.is_empty() {
+                // New rows announced by the NOTIFY trigger end the sleep
+                // early; without the trigger, polling alone finds them.
                 tokio::select! {
                     _ = tokio::time::sleep(self.config.poll_interval) => {}
                     _ = self.wake.notified() => {}
@@ -191,9 +218,8 @@ impl Relay {
                 }
                 continue;
             }
-            self.process(batch, &shutdown).await;
+            self.process(batch, shutdown).await;
         }
-        info!("relay stopped");
     }
 
     /// Publishes one claimed batch and records its outcomes.
@@ -297,7 +323,7 @@ impl Relay {
         deadline: Instant,
         shutdown: &CancellationToken,
     ) {
-        let mut state = Availability::new("database");
+        let mut state = Availability::new(&self.database_outage);
         let mut error = first_error;
         let shutdown_grace = Instant::now() + Duration::from_secs(10);
         loop {

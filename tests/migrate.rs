@@ -85,7 +85,7 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 4, "each migration recorded once");
+    assert_eq!(history, 5, "each migration recorded once");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -31,10 +31,11 @@ CREATE TABLE IF NOT EXISTS processed_message (
     PRIMARY KEY (consumer_name, message_id)
 );
 
--- Retention deletes the oldest marks in bounded batches (see
--- `Deduplicator::purge_older_than`); without this index every batch would
--- scan the whole table. Keep marks longer than any message can come back:
--- the broker's redelivery window and the furthest back an operator may
--- `replay`.
+-- Retention deletes a consumer's oldest marks in bounded batches (see
+-- `Deduplicator::purge_older_than`): this index hands them over in
+-- processed_at order, so a batch reads only the rows it deletes instead of
+-- sorting the consumer's whole history. Keep marks longer than any message
+-- can come back: the broker's redelivery window and the furthest back an
+-- operator may `replay`.
 CREATE INDEX IF NOT EXISTS processed_message_processed_at_idx
-    ON processed_message (processed_at);
+    ON processed_message (consumer_name, processed_at);

@@ -241,9 +241,13 @@ async fn check(config: Config) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Connections a replica needs: the claim loop, three concurrent outcome
-/// statements, readiness probes and the maintenance tasks.
-const POOL_SIZE: usize = 8;
+/// Connections a replica needs: per worker one for its claim or its
+/// outcomes (a batch with failures records up to three statements at once,
+/// borrowing what idle workers leave), plus readiness probes and the
+/// maintenance tasks.
+fn pool_size(workers: u32) -> usize {
+    workers as usize * 2 + 3
+}
 
 async fn run(config: Config) -> Result<(), CliError> {
     let shutdown = CancellationToken::new();
@@ -263,7 +267,7 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<(), Cl
             )
         })?;
     let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(Store::new(&config.database, POOL_SIZE));
+    let store = Arc::new(Store::new(&config.database, pool_size(config.relay.workers)));
     let sink: Arc<dyn crate::sink::Sink> = crate::sink::build(&config.sink)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?
@@ -300,6 +304,11 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<(), Cl
         shutdown.clone(),
     ));
     let relay = Relay::new(store.clone(), sink.clone(), config.relay.clone(), metrics.clone());
+    tasks.spawn(crate::store::listen(
+        config.database.clone(),
+        relay.waker(),
+        shutdown.clone(),
+    ));
     let relay_shutdown = shutdown.clone();
     tasks.spawn(async move { relay.run(relay_shutdown).await });
     tasks.close();

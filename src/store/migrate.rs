@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0004_aggregate_order_index.sql",
         sql: include_str!("../../migrations/0004_aggregate_order_index.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_notify_trigger.sql",
+        sql: include_str!("../../migrations/0005_notify_trigger.sql"),
+    },
 ];
 
 impl Migration {
@@ -50,6 +55,13 @@ impl Migration {
             .replace("{quarantined_index}", &table.derived("quarantined_idx"))
             .replace("{published_index}", &table.derived("published_idx"))
             .replace("{aggregate_index}", &table.derived("aggregate_idx"))
+            .replace("{notify_function}", &table.qualified_derived("relay_notify"))
+            .replace("{notify_trigger}", &table.derived("relay_notify"))
+            .replace("{notify_trigger_name}", &table.derived("relay_notify"))
+            .replace(
+                "{notify_channel_literal}",
+                &format!("'{}'", table.notify_channel()),
+            )
     }
 }
 

@@ -3,6 +3,7 @@
 //! validated, quoted outbox table name.
 
 mod admin;
+mod listen;
 mod migrate;
 
 use std::time::Duration;
@@ -16,6 +17,7 @@ use uuid::Uuid;
 use crate::config::{DatabaseConfig, Ordering, TableName};
 
 pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
+pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
 
 /// A database failure. The messages come from PostgreSQL or the driver and
@@ -28,6 +30,9 @@ pub enum StoreError {
     /// A statement failed.
     #[error("database error: {}", with_causes(.0))]
     Query(#[from] tokio_postgres::Error),
+    /// The server closed the connection.
+    #[error("database connection closed")]
+    Closed,
     /// A statement did not finish in time.
     #[error("database query timed out after {0:?}")]
     Timeout(Duration),
@@ -38,7 +43,7 @@ impl StoreError {
     /// the statement: the relay waits for an outage instead of counting it.
     pub fn is_connection(&self) -> bool {
         match self {
-            StoreError::Pool(_) | StoreError::Timeout(_) => true,
+            StoreError::Pool(_) | StoreError::Timeout(_) | StoreError::Closed => true,
             StoreError::Query(e) => e.is_closed() || e.as_db_error().is_none(),
         }
     }
