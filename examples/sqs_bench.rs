@@ -18,8 +18,9 @@
 //! the same queue depths: some emulators (moto) slow down as a queue fills,
 //! which makes only the side-by-side ratio meaningful, never the absolute
 //! numbers. Settings: `OUTBOX_BENCH_PG_URL` (an admin connection that may
-//! create databases), `OUTBOX_BENCH_SQS_ENDPOINT`, `OUTBOX_BATCH_SIZE`
-//! (default 100). The database and queues it creates are dropped at the end.
+//! create databases), `OUTBOX_BENCH_SQS_ENDPOINT`, and the relay's own
+//! `OUTBOX_*` variables (`OUTBOX_BATCH_SIZE`, `OUTBOX_WORKERS`, …). The
+//! database and queues it creates are dropped at the end.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +28,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
+use clap::Parser;
 use futures::StreamExt;
-use outbox_relay::config::{DatabaseSettings, RelaySettings, SinkConfig, SqsConfig};
+use outbox_relay::config::{DatabaseSettings, RelayConfig, RelaySettings, SinkConfig, SqsConfig};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::Relay;
 use outbox_relay::sink::sqs::IN_FLIGHT;
@@ -45,7 +47,15 @@ struct Bench {
     endpoint: String,
     sqs: aws_sdk_sqs::Client,
     events: usize,
-    batch_size: String,
+    relay: RelayConfig,
+}
+
+/// The relay's own settings: the `run` defaults and `OUTBOX_*` variables,
+/// with a short idle poll so the start is not measured as a sleep.
+#[derive(Parser)]
+struct Settings {
+    #[command(flatten)]
+    relay: RelaySettings,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,6 +70,11 @@ fn main() -> anyhow::Result<()> {
             std::env::set_var(key, value);
         }
     }
+    // Relay logs (backoff, outages) go to stderr at RUST_LOG's level.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     tokio::runtime::Runtime::new()?.block_on(run())
 }
 
@@ -84,11 +99,13 @@ async fn run() -> anyhow::Result<()> {
         endpoint,
         sqs,
         events,
-        batch_size: std::env::var("OUTBOX_BATCH_SIZE").unwrap_or_else(|_| "100".into()),
+        relay: Settings::try_parse_from(["sqs_bench", "--poll-interval", "50ms", "--retention", "0"])?
+            .relay
+            .validate()?,
     };
     println!(
-        "sqs_bench: {events} events per run, batch size {}, {IN_FLIGHT} requests in flight, endpoint {}",
-        bench.batch_size, bench.endpoint
+        "sqs_bench: {events} events per run; batch size {}, {} workers, {IN_FLIGHT} requests in flight per batch; {}",
+        bench.relay.batch_size, bench.relay.workers, bench.endpoint
     );
     println!(
         "{:<10} {:>14} {:>14} {:>8}",
@@ -245,32 +262,19 @@ impl Bench {
         client
             .execute(
                 "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
-                 SELECT gen_random_uuid(), 'order.created', 'agg-' || (n % $2),
+                 SELECT gen_random_uuid(), 'order.created', 'agg-' || (n % $2::bigint),
                         $3::text::jsonb || jsonb_build_object('n', n), clock_timestamp()
-                 FROM generate_series(0, $1 - 1) AS n",
+                 FROM generate_series(0, $1::bigint - 1) AS n",
                 &[&(self.events as i64), &(AGGREGATES as i64), &payload(0)],
             )
             .await?;
-        let relay_config = RelaySettings {
-            batch_size: self.batch_size.clone(),
-            poll_interval: "50ms".into(),
-            max_attempts: "10".into(),
-            publish_timeout: "30s".into(),
-            backoff_base: "100ms".into(),
-            backoff_max: "1s".into(),
-            on_publish: "mark".into(),
-            retention: "0".into(),
-            ordering: "none".into(),
-            http_addr: "127.0.0.1:0".into(),
-        }
-        .validate()?;
         let sink = outbox_relay::sink::build(&SinkConfig::Sqs(SqsConfig {
             queue_url: queue_url.to_owned(),
             endpoint_url: Some(self.endpoint.clone()),
         }))
         .await?;
         let store = Arc::new(Store::new(&database, 8));
-        let relay = Relay::new(store, sink.into(), relay_config, Arc::new(Metrics::new()));
+        let relay = Relay::new(store, sink.into(), self.relay.clone(), Arc::new(Metrics::new()));
         let shutdown = CancellationToken::new();
         let started = Instant::now();
         let task = tokio::spawn({

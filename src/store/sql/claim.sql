@@ -7,9 +7,10 @@
 -- still moves towards quarantine.
 --
 -- Plan: an index scan of the partial pending index in (created_at, id)
--- order, filtering next_attempt_at from the index's INCLUDE column, stopped
--- by the LIMIT; SKIP LOCKED passes over rows another replica is claiming.
--- Published and quarantined rows are not in that index at all.
+-- order, next_attempt_at checked on the heap row (which FOR UPDATE reads
+-- anyway), stopped by the LIMIT; SKIP LOCKED passes over rows another
+-- replica is claiming. Published and quarantined rows are not in that index
+-- at all. The UPDATE touches no indexed column, so it is a HOT update.
 WITH due AS (
     SELECT id
     FROM {table}
