@@ -258,7 +258,7 @@ impl Bench {
         .validate()?;
         let (mut client, connection) = tokio_postgres::connect(url.as_str(), NoTls).await?;
         tokio::spawn(connection);
-        outbox_relay::store::migrate(&mut client, &database.table).await?;
+        outbox_relay::store::migrate(&mut client, &database.table, true).await?;
         client
             .execute(
                 "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)

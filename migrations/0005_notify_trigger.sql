@@ -1,14 +1,10 @@
--- Wakes idle relays when rows are inserted, so a quiet relay publishes
--- within milliseconds without polling the table hard. A hint only: relays
--- still poll every OUTBOX_POLL_INTERVAL, so a lost notification (or no
--- trigger at all) delays rows, never loses them.
+-- The function behind the optional NOTIFY trigger, which wakes idle relays
+-- when rows are inserted. Whether the trigger itself is installed is a
+-- setting (`OUTBOX_NOTIFY_TRIGGER`, applied by every `migrate`), because
+-- NOTIFY costs producers: see the README's Performance section.
 --
--- FOR EACH STATEMENT: one NOTIFY per INSERT statement, however many rows;
--- PostgreSQL also folds identical notifications of one transaction into
--- one. NOTIFY does take a global lock while the producer commits: see the
--- README's Performance section for what it costs, and drop the trigger
--- (`DROP TRIGGER {notify_trigger_name} ON {table}`) to trade idle latency
--- for producer throughput.
+-- It is a hint only: relays still poll every OUTBOX_POLL_INTERVAL, so a lost
+-- notification (or no trigger at all) delays rows, never loses them.
 CREATE OR REPLACE FUNCTION {notify_function}() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
@@ -16,8 +12,3 @@ BEGIN
     RETURN NULL;
 END
 $$;
-
-DROP TRIGGER IF EXISTS {notify_trigger} ON {table};
-CREATE TRIGGER {notify_trigger}
-    AFTER INSERT ON {table}
-    FOR EACH STATEMENT EXECUTE FUNCTION {notify_function}();

@@ -212,3 +212,36 @@ async fn a_schema_qualified_table_is_created_in_its_schema() {
         .get(0);
     assert_eq!(index, 1);
 }
+
+async fn has_notify_trigger(db: &TestDb) -> bool {
+    db.client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'outbox_event'::regclass
+                                                     AND tgname = 'outbox_event_relay_notify')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_notify_trigger_follows_the_setting_on_every_migrate() {
+    let db = TestDb::create().await;
+    let run = |value: &str| {
+        db.relay_command(&["migrate"], &[("OUTBOX_NOTIFY_TRIGGER", value)])
+            .output()
+            .unwrap()
+    };
+    assert!(run("on").status.success());
+    assert!(has_notify_trigger(&db).await, "installed by default setting 'on'");
+    assert!(run("off").status.success());
+    assert!(!has_notify_trigger(&db).await, "removed with 'off'");
+    assert!(run("off").status.success(), "idempotent");
+    assert!(run("on").status.success());
+    assert!(has_notify_trigger(&db).await, "installed again");
+
+    let bad = run("sometimes");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("OUTBOX_NOTIFY_TRIGGER"));
+}

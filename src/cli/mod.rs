@@ -68,7 +68,7 @@ pub enum Command {
     /// Run the relay loop, retention and the HTTP endpoints until SIGTERM/SIGINT.
     Run(RunArgs),
     /// Apply the embedded migrations to the outbox table (idempotent).
-    Migrate(DatabaseSettings),
+    Migrate(MigrateArgs),
     /// Validate the configuration and connect to the database and the sink.
     Check(RunArgs),
     /// Backlog, oldest unpublished age, quarantined rows, recent throughput.
@@ -99,6 +99,18 @@ pub enum Command {
         #[arg(long)]
         event_type: Option<String>,
     },
+}
+
+/// Settings of `migrate`.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    database: DatabaseSettings,
+
+    /// `on` installs the trigger that NOTIFYs relays of new rows (low idle
+    /// latency, a cost for concurrent producers); `off` removes it.
+    #[arg(long, env = "OUTBOX_NOTIFY_TRIGGER", default_value = "on")]
+    notify_trigger: String,
 }
 
 /// `quarantine` actions.
@@ -178,7 +190,7 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         None => run(cli.run.validate()?).await,
         Some(Command::Run(args)) => run(args.validate()?).await,
-        Some(Command::Migrate(database)) => migrate(database).await,
+        Some(Command::Migrate(args)) => migrate(args).await,
         Some(Command::Check(args)) => check(args.validate()?).await,
         Some(Command::Status { database, json }) => admin::status(database.validate()?, json).await,
         Some(Command::Quarantine { action }) => match action {
@@ -203,14 +215,25 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-async fn migrate(settings: DatabaseSettings) -> Result<(), CliError> {
-    let database = settings.validate()?;
+async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
+    let database = args.database.validate()?;
+    let notify_trigger = match args.notify_trigger.trim() {
+        "on" | "true" => true,
+        "off" | "false" => false,
+        other => {
+            return Err(ConfigError {
+                variable: "OUTBOX_NOTIFY_TRIGGER",
+                problem: format!("'{other}' is not one of on, off"),
+            }
+            .into())
+        }
+    };
     let store = Store::new(&database, 1);
     let mut client = store
         .client()
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", describe_pg(&database.pg)))?;
-    let applied = crate::store::migrate(&mut client, &database.table)
+    let applied = crate::store::migrate(&mut client, &database.table, notify_trigger)
         .await
         .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
     if applied.is_empty() {

@@ -49,20 +49,23 @@ pub const MIGRATIONS: &[Migration] = &[
 
 impl Migration {
     fn render(&self, table: &TableName) -> String {
-        self.sql
-            .replace("{table}", &table.quoted())
-            .replace("{pending_index}", &table.derived("pending_idx"))
-            .replace("{quarantined_index}", &table.derived("quarantined_idx"))
-            .replace("{published_index}", &table.derived("published_idx"))
-            .replace("{aggregate_index}", &table.derived("aggregate_idx"))
-            .replace("{notify_function}", &table.qualified_derived("relay_notify"))
-            .replace("{notify_trigger}", &table.derived("relay_notify"))
-            .replace("{notify_trigger_name}", &table.derived("relay_notify"))
-            .replace(
-                "{notify_channel_literal}",
-                &format!("'{}'", table.notify_channel()),
-            )
+        render(self.sql, table)
     }
+}
+
+/// Fills the placeholders of migration and trigger SQL for one table.
+fn render(sql: &str, table: &TableName) -> String {
+    sql.replace("{table}", &table.quoted())
+        .replace("{pending_index}", &table.derived("pending_idx"))
+        .replace("{quarantined_index}", &table.derived("quarantined_idx"))
+        .replace("{published_index}", &table.derived("published_idx"))
+        .replace("{aggregate_index}", &table.derived("aggregate_idx"))
+        .replace("{notify_function}", &table.qualified_derived("relay_notify"))
+        .replace("{notify_trigger}", &table.derived("relay_notify"))
+        .replace(
+            "{notify_channel_literal}",
+            &format!("'{}'", table.notify_channel()),
+        )
 }
 
 /// Applies the migrations `table` has not had yet; returns the names applied.
@@ -72,7 +75,15 @@ impl Migration {
 /// finds nothing left to do. `lock_timeout` keeps a migration that queues
 /// behind a long producer transaction from blocking the producer's writes
 /// for long: it fails instead, and can be retried.
-pub async fn migrate(client: &mut Client, table: &TableName) -> Result<Vec<&'static str>, StoreError> {
+///
+/// `notify_trigger` installs (or removes) the NOTIFY trigger that wakes idle
+/// relays; it is applied on every run, and only touches the table when the
+/// trigger's presence has to change.
+pub async fn migrate(
+    client: &mut Client,
+    table: &TableName,
+    notify_trigger: bool,
+) -> Result<Vec<&'static str>, StoreError> {
     let schema_sql = table
         .schema()
         .map(|schema| format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";"))
@@ -111,6 +122,23 @@ pub async fn migrate(client: &mut Client, table: &TableName) -> Result<Vec<&'sta
         )
         .await?;
         done.push(migration.name);
+    }
+    let trigger_name = table.derived("relay_notify");
+    let installed: bool = tx
+        .query_one(
+            include_str!("sql/notify_trigger_exists.sql"),
+            &[&table.quoted(), &trigger_name.trim_matches('"')],
+        )
+        .await?
+        .get(0);
+    if notify_trigger && !installed {
+        tx.batch_execute(&render(include_str!("sql/notify_trigger_create.sql"), table))
+            .await?;
+        done.push("NOTIFY trigger installed");
+    } else if !notify_trigger && installed {
+        tx.batch_execute(&render(include_str!("sql/notify_trigger_drop.sql"), table))
+            .await?;
+        done.push("NOTIFY trigger removed");
     }
     tx.commit().await?;
     Ok(done)

@@ -1,0 +1,1 @@
+DROP TRIGGER IF EXISTS {notify_trigger} ON {table}
