@@ -544,7 +544,7 @@ async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
     let (peak_kib, _) = proc_usage(relay.id());
     let _ = relay.kill();
     let _ = relay.wait();
-    let arrived = arrivals.lock().unwrap();
+    let arrived = arrivals.lock().unwrap().clone();
     let mut lags: Vec<Duration> = commits
         .iter()
         .filter_map(|(id, committed)| arrived.get(id).map(|at| at.saturating_duration_since(*committed)))
@@ -562,7 +562,6 @@ async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
         peak_rss_mib: peak_kib as f64 / 1024.0,
         cpu_percent: (cpu_after - cpu_before) / elapsed * 100.0,
     };
-    drop(arrived);
     broker.delete().await?;
     db.drop().await?;
     Ok(result)
