@@ -132,6 +132,7 @@ pub struct Relay {
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
     sink_outage: Mutex<Outage>,
+    confirm_outage: Mutex<Outage>,
     database_outage: Mutex<Outage>,
 }
 
@@ -146,6 +147,7 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             sink_outage: Mutex::new(Outage::new(sink.kind())),
+            confirm_outage: Mutex::new(Outage::new("broker confirms")),
         }
     }
 
@@ -184,6 +186,7 @@ impl Relay {
     async fn work(&self, shutdown: &CancellationToken) {
         let mut sink_state = Availability::new(&self.sink_outage);
         let mut db_state = Availability::new(&self.database_outage);
+        let mut congestion = Availability::new(&self.confirm_outage);
         while !shutdown.is_cancelled() {
             // Checking the sink first keeps a broker outage from burning
             // every row's attempts towards quarantine.
@@ -218,20 +221,34 @@ impl Relay {
                 }
                 continue;
             }
-            self.process(batch, shutdown).await;
+            // A batch that timed out means the broker is not keeping up:
+            // claiming again at once would only add to its load and burn
+            // more attempts, so this worker backs off first.
+            if self.process(batch, shutdown).await {
+                let delay = congestion.failed(&format_args!(
+                    "a batch was not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
+                    self.config.publish_timeout
+                ));
+                sleep_or_cancel(delay, shutdown).await;
+            } else {
+                congestion.succeeded();
+            }
         }
     }
 
-    /// Publishes one claimed batch and records its outcomes.
-    pub async fn process(&self, batch: Vec<Event>, shutdown: &CancellationToken) {
+    /// Publishes one claimed batch and records its outcomes. Returns
+    /// whether the publish timed out.
+    pub async fn process(&self, batch: Vec<Event>, shutdown: &CancellationToken) -> bool {
         let claimed_at = Instant::now();
         let (batch, mut exhausted) = split_exhausted(batch, self.config.max_attempts);
+        let mut timed_out = false;
         let outcomes = if batch.is_empty() {
             Vec::new()
         } else {
             match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&batch)).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => {
+                    timed_out = true;
                     let reason = format!(
                         "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                         self.config.publish_timeout
@@ -282,6 +299,7 @@ impl Relay {
             quarantined = decisions.quarantine.len(),
             "batch recorded"
         );
+        timed_out
     }
 
     async fn record_step(&self, step: Step, decisions: &Decisions) -> Result<u64, StoreError> {
