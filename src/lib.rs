@@ -12,7 +12,7 @@
 //! Modules:
 //! - [`config`] — settings from the environment and flags → validated [`config::Config`].
 //! - [`store`] — every SQL statement (files in `src/store/sql/`) and the embedded migrations.
-//! - [`sink`] — the [`sink::Sink`] contract and its RabbitMQ implementation.
+//! - [`sink`] — the [`sink::Sink`] contract and its RabbitMQ and SQS implementations.
 //! - [`relay`] — the loop, claim → publish → record outcomes.
 //! - [`retry`] — the backoff rule, a pure function of the attempt.
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.

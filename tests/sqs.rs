@@ -18,7 +18,10 @@ use common::sqs::{SqsReceived, TestQueue};
 use common::{eventually, RelayProcess, TestDb};
 use uuid::Uuid;
 
-const WAIT: Duration = Duration::from_secs(60);
+/// Deadline of every wait. Generous: the emulator is one process shared by
+/// every test running in parallel and slows down under their load; a
+/// passing test never waits this long.
+const WAIT: Duration = Duration::from_secs(120);
 
 /// Settings that make a test relay react quickly, publishing to `queue`
 /// through `endpoint_url`.
@@ -167,11 +170,14 @@ async fn fields_arrive(fifo: bool) {
     let queue = TestQueue::create(fifo, None).await;
     let rows = insert_varied(&db, 60, 5).await;
     // Batches of 25 cross request boundaries (10 entries) and batches.
+    // One batch at a time: with several in flight and OUTBOX_ORDERING=none
+    // batches may overtake each other, and what this test checks is that
+    // the sink keeps each group's order across the requests of a batch.
     let relay = RelayProcess::start(
         &db,
         &with(
             fast(&queue, &common::sqs::endpoint()),
-            &[("OUTBOX_BATCH_SIZE", "25")],
+            &[("OUTBOX_BATCH_SIZE", "25"), ("OUTBOX_WORKERS", "1")],
         ),
     );
     let received = queue.receive(rows.len(), WAIT).await;

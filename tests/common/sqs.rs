@@ -81,6 +81,7 @@ pub struct TestQueue {
     pub client: Client,
     pub name: String,
     pub url: String,
+    deleted: bool,
 }
 
 impl TestQueue {
@@ -111,7 +112,12 @@ impl TestQueue {
             .queue_url()
             .expect("CreateQueue returns the URL")
             .to_owned();
-        Self { client, name, url }
+        Self {
+            client,
+            name,
+            url,
+            deleted: false,
+        }
     }
 
     /// The relay settings that publish to this queue through `endpoint_url`
@@ -208,8 +214,32 @@ impl TestQueue {
             .expect("DeleteMessage");
     }
 
-    /// Deletes the queue.
-    pub async fn cleanup(self) {
+    /// Deletes the queue (dropping it does the same; this waits for it).
+    pub async fn cleanup(mut self) {
         let _ = self.client.delete_queue().queue_url(&self.url).send().await;
+        self.deleted = true;
+    }
+}
+
+impl Drop for TestQueue {
+    /// Deletes the queue also when the test panicked, so a failing test
+    /// leaves nothing behind in the shared emulator (moto slows down with
+    /// everything it holds).
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let url = self.url.clone();
+        // Drop runs inside the test's runtime, whose client cannot be used
+        // from another; a plain thread with its own runtime and client can.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async {
+                    let _ = client(&endpoint()).delete_queue().queue_url(&url).send().await;
+                });
+            }
+        })
+        .join();
     }
 }
