@@ -2,7 +2,7 @@
 //! `replay`.
 //!
 //! Human output is aligned text for a terminal; `--json` output is one line
-//! of JSON whose shape is part of the contract (see docs/OPERATIONS.md):
+//! of JSON whose shape is part of the contract (see the README, Admin commands):
 //!
 //! - `status --json`: `{"unpublished":N,"oldest_unpublished_age_seconds":F,
 //!   "quarantined":N,"published_last_hour":N}`
