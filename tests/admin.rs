@@ -8,103 +8,11 @@ use std::collections::HashSet;
 use std::process::Output;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use common::rows::Rows;
 use common::TestDb;
 use uuid::Uuid;
 
 // ---------------------------------------------------------------- factories
-
-/// Rows in one state, with times relative to the database's `now()`.
-#[derive(Debug, Clone, Copy)]
-struct Rows {
-    count: usize,
-    event_type: &'static str,
-    /// `created_at = now() - created_ago_s`.
-    created_ago_s: i64,
-    /// `published_at = now() - published_ago_s`; unpublished when `None`.
-    published_ago_s: Option<i64>,
-    /// `next_attempt_at = now() + due_in_s`.
-    due_in_s: i64,
-    attempts: i32,
-    /// Quarantined (now) with this last error.
-    quarantined: Option<&'static str>,
-}
-
-impl Rows {
-    fn pending(count: usize) -> Self {
-        Self {
-            count,
-            event_type: "order.created",
-            created_ago_s: 0,
-            published_ago_s: None,
-            due_in_s: 0,
-            attempts: 0,
-            quarantined: None,
-        }
-    }
-
-    fn of_type(self, event_type: &'static str) -> Self {
-        Self { event_type, ..self }
-    }
-
-    fn created_ago(self, seconds: i64) -> Self {
-        Self {
-            created_ago_s: seconds,
-            ..self
-        }
-    }
-
-    fn published_ago(self, seconds: i64) -> Self {
-        Self {
-            published_ago_s: Some(seconds),
-            created_ago_s: self.created_ago_s.max(seconds + 1),
-            attempts: 1,
-            ..self
-        }
-    }
-
-    fn due_in(self, seconds: i64) -> Self {
-        Self {
-            due_in_s: seconds,
-            attempts: 3,
-            ..self
-        }
-    }
-
-    fn quarantined(self, error: &'static str) -> Self {
-        Self {
-            quarantined: Some(error),
-            attempts: 10,
-            ..self
-        }
-    }
-
-    async fn insert(self, db: &TestDb) -> Vec<Uuid> {
-        let ids: Vec<Uuid> = (0..self.count).map(|_| Uuid::new_v4()).collect();
-        db.client
-            .execute(
-                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, published_at,
-                                           attempt_count, next_attempt_at, last_error, quarantined_at)
-                 SELECT id, $2, 'agg-1', '{\"n\": 1}'::jsonb,
-                        now() - $3::bigint * interval '1 second',
-                        now() - $4::bigint * interval '1 second',
-                        $5, now() + $6::bigint * interval '1 second',
-                        $7::text, CASE WHEN $7::text IS NULL THEN NULL ELSE now() END
-                 FROM unnest($1::uuid[]) AS u(id)",
-                &[
-                    &ids,
-                    &self.event_type,
-                    &self.created_ago_s,
-                    &self.published_ago_s,
-                    &self.attempts,
-                    &self.due_in_s,
-                    &self.quarantined,
-                ],
-            )
-            .await
-            .expect("insert rows");
-        ids
-    }
-}
 
 const MINUTE: i64 = 60;
 const HOUR: i64 = 3_600;

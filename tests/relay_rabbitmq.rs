@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{eventually, RelayProcess, TestBroker, TestDb};
+use common::{eventually, hang_marks, release_marks, RelayProcess, TestBroker, TestDb};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -191,33 +191,6 @@ async fn unroutable_rows_back_off_then_quarantine_while_others_flow() {
         200
     );
     broker.cleanup().await;
-}
-
-/// Holds every "mark published" statement of the test database forever, so
-/// the relay can be killed exactly between the broker's confirm and the
-/// commit of the outcome.
-async fn hang_marks(db: &TestDb) {
-    db.client
-        .batch_execute(
-            "CREATE FUNCTION hang_mark() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-                 IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL THEN
-                     PERFORM pg_sleep(600);
-                 END IF;
-                 RETURN NEW;
-             END $$;
-             CREATE TRIGGER hang_mark BEFORE UPDATE ON outbox_event
-                 FOR EACH ROW EXECUTE FUNCTION hang_mark();",
-        )
-        .await
-        .unwrap();
-}
-
-async fn release_marks(db: &TestDb) {
-    db.client
-        .batch_execute("DROP TRIGGER hang_mark ON outbox_event; DROP FUNCTION hang_mark();")
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -392,25 +392,6 @@ async fn an_unreachable_queue_is_waited_out_and_everything_delivered_after() {
     queue.cleanup().await;
 }
 
-/// Makes marking a row published hang (after SQS accepted its message), so
-/// a test can kill the relay at exactly that point.
-async fn hang_on_mark(db: &TestDb) {
-    db.client
-        .batch_execute(
-            "CREATE FUNCTION hang_on_mark() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-                 IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL THEN
-                     PERFORM pg_sleep(600);
-                 END IF;
-                 RETURN NEW;
-             END $$;
-             CREATE TRIGGER hang_on_mark BEFORE UPDATE ON outbox_event
-                 FOR EACH ROW EXECUTE FUNCTION hang_on_mark();",
-        )
-        .await
-        .expect("install the hanging trigger");
-}
-
 /// Kills a relay after SQS accepted a row's message and before the row was
 /// marked, restarts it, and returns the row (unpublished until the
 /// restarted relay sends it again) and the restarted relay.
@@ -419,7 +400,7 @@ async fn kill_between_send_and_commit(
     queue: &TestQueue,
     keep_first_delivery: bool,
 ) -> (Row, SqsReceived, RelayProcess) {
-    hang_on_mark(db).await;
+    common::hang_marks(db).await;
     let row = insert(
         db,
         Some(Uuid::new_v4()),
@@ -460,10 +441,7 @@ async fn kill_between_send_and_commit(
     // The killed relay's statement still sleeps in the trigger; end it, and
     // its transaction with it, before dropping the trigger.
     db.terminate_relay_backends().await;
-    db.client
-        .batch_execute("DROP TRIGGER hang_on_mark ON outbox_event")
-        .await
-        .expect("drop trigger");
+    common::release_marks(db).await;
     let state = db
         .client
         .query_one(

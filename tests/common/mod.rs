@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod rows;
 pub mod sqs;
 
 use std::collections::HashMap;
@@ -377,6 +378,34 @@ impl Drop for RelayProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Holds every "mark published" statement of the test database forever, so
+/// the relay can be killed exactly between the broker's confirm and the
+/// commit of the outcome.
+pub async fn hang_marks(db: &TestDb) {
+    db.client
+        .batch_execute(
+            "CREATE FUNCTION hang_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL THEN
+                     PERFORM pg_sleep(600);
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER hang_mark BEFORE UPDATE ON outbox_event
+                 FOR EACH ROW EXECUTE FUNCTION hang_mark();",
+        )
+        .await
+        .unwrap();
+}
+
+/// Removes what [`hang_marks`] installed; marks go through again.
+pub async fn release_marks(db: &TestDb) {
+    db.client
+        .batch_execute("DROP TRIGGER hang_mark ON outbox_event; DROP FUNCTION hang_mark();")
+        .await
+        .unwrap();
 }
 
 /// Polls `condition` every 50 ms until it holds; panics with `what` after
