@@ -140,3 +140,51 @@ async fn a_stuck_aggregate_holds_back_only_itself() {
     assert_eq!(rest.len(), 99);
     broker.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sequence_number_column_orders_an_aggregate_when_present() {
+    let db = TestDb::migrated().await;
+    let broker = TestBroker::create("#").await;
+    db.client
+        .batch_execute("ALTER TABLE outbox_event ADD COLUMN sequence_number BIGINT")
+        .await
+        .unwrap();
+    // created_at runs backwards (transactions that started in the other
+    // order); the producer's sequence numbers give the real order.
+    db.client
+        .batch_execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, sequence_number)
+             SELECT gen_random_uuid(), 'seq.event', 'agg-' || (n % 3), jsonb_build_object('n', n),
+                    timestamptz '2026-01-01' - n * interval '1 millisecond', n
+             FROM generate_series(0, 89) AS n",
+        )
+        .await
+        .unwrap();
+    let mut expected: HashMap<String, Vec<String>> = HashMap::new();
+    for row in db
+        .client
+        .query(
+            "SELECT aggregate_id, id FROM outbox_event ORDER BY sequence_number",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let id: Uuid = row.get(1);
+        expected.entry(row.get(0)).or_default().push(id.to_string());
+    }
+    let _relay = RelayProcess::start(&db, &ordered(&broker, &[("OUTBOX_BATCH_SIZE", "10")]));
+
+    let received = broker.receive(90, WAIT).await;
+    assert_eq!(received.len(), 90);
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    for message in received {
+        let aggregate = message.headers.get("aggregate_id").cloned().unwrap();
+        seen.entry(aggregate).or_default().push(message.message_id);
+    }
+    assert_eq!(
+        seen, expected,
+        "per aggregate in sequence_number order, not created_at"
+    );
+    broker.cleanup().await;
+}

@@ -89,6 +89,7 @@ pub struct Event {
 struct Statements {
     claim: String,
     claim_ordered: String,
+    claim_ordered_by_sequence: String,
     mark_published: String,
     delete_published: String,
     reschedule: String,
@@ -101,7 +102,19 @@ impl Statements {
         let render = |sql: &str| sql.replace("{table}", &quoted);
         Self {
             claim: render(include_str!("sql/claim.sql")),
-            claim_ordered: render(include_str!("sql/claim_ordered.sql")),
+            claim_ordered: render(include_str!("sql/claim_ordered.sql"))
+                .replace("{predecessor_key}", "(p.created_at, p.id)")
+                .replace("{row_key}", "(t.created_at, t.id)"),
+            // A row without a sequence number sorts first in its aggregate.
+            claim_ordered_by_sequence: render(include_str!("sql/claim_ordered.sql"))
+                .replace(
+                    "{predecessor_key}",
+                    "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
+                )
+                .replace(
+                    "{row_key}",
+                    "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
+                ),
             mark_published: render(include_str!("sql/mark_published.sql")),
             delete_published: render(include_str!("sql/delete_published.sql")),
             reschedule: render(include_str!("sql/reschedule.sql")),
@@ -118,6 +131,9 @@ pub struct Store {
     pool: Pool,
     table: TableName,
     sql: Statements,
+    /// Whether the table has a `sequence_number` column, looked up at the
+    /// first ordered claim (the database may be down at start-up).
+    has_sequence_column: tokio::sync::OnceCell<bool>,
 }
 
 impl Store {
@@ -152,6 +168,7 @@ impl Store {
             pool,
             table: config.table.clone(),
             sql: Statements::for_table(&config.table),
+            has_sequence_column: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -186,6 +203,7 @@ impl Store {
     ) -> Result<Vec<Event>, StoreError> {
         let sql = match ordering {
             Ordering::None => &self.sql.claim,
+            Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
             Ordering::Aggregate => &self.sql.claim_ordered,
         };
         bounded(async {
@@ -210,6 +228,26 @@ impl Store {
             Ok(events)
         })
         .await
+    }
+
+    /// Whether rows are ordered within an aggregate by the producer's
+    /// `sequence_number` column (present on the table) before `created_at`.
+    pub async fn orders_by_sequence(&self) -> Result<bool, StoreError> {
+        self.has_sequence_column
+            .get_or_try_init(|| {
+                bounded(async {
+                    let client = self.pool.get().await?;
+                    let row = client
+                        .query_one(
+                            include_str!("sql/has_sequence_column.sql"),
+                            &[&self.table.quoted()],
+                        )
+                        .await?;
+                    Ok(row.get(0))
+                })
+            })
+            .await
+            .copied()
     }
 
     /// Marks confirmed rows published.

@@ -1,6 +1,9 @@
 -- OUTBOX_ORDERING=aggregate: claims up to $1 due rows that are the head of
--- their aggregate, i.e. have no unpublished predecessor in (created_at, id)
--- order, and leases them for $2 milliseconds (see claim.sql for the lease).
+-- their aggregate, i.e. have no unpublished predecessor, and leases them for
+-- $2 milliseconds (see claim.sql for the lease). The order within an
+-- aggregate is (created_at, id), or (sequence_number, created_at, id) when
+-- the table has a producer-written sequence_number column; the relay fills
+-- {predecessor_key} and {row_key} accordingly.
 --
 -- A predecessor that is in flight (leased), backing off or quarantined is
 -- unpublished, so its successors wait: a row is never published before its
@@ -23,7 +26,7 @@ WITH due AS (
           FROM {table} AS p
           WHERE p.aggregate_id = t.aggregate_id
             AND p.published_at IS NULL
-            AND (p.created_at, p.id) < (t.created_at, t.id)
+            AND {predecessor_key} < {row_key}
       )
     ORDER BY t.created_at, t.id
     LIMIT $1
