@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::proxy::Proxy;
-use common::{eventually, hang_marks, release_marks, RelayProcess, TestBroker, TestDb};
+use common::{eventually, hang_marks, quick_settings, release_marks, with, RelayProcess, TestBroker, TestDb};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -15,19 +15,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Settings that make a test relay react quickly.
 fn fast(broker: &TestBroker) -> Vec<(&'static str, String)> {
     let mut env = broker.env();
-    env.extend([
-        ("OUTBOX_POLL_INTERVAL", "50ms".to_owned()),
-        ("OUTBOX_BACKOFF_BASE", "100ms".to_owned()),
-        ("OUTBOX_BACKOFF_MAX", "500ms".to_owned()),
-    ]);
-    env
-}
-
-fn with(mut env: Vec<(&'static str, String)>, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
-    for (key, value) in extra {
-        env.retain(|(k, _)| k != key);
-        env.push((key, (*value).to_owned()));
-    }
+    env.extend(quick_settings());
     env
 }
 

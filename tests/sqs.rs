@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::sqs::{SqsReceived, TestQueue};
-use common::{eventually, RelayProcess, TestDb};
+use common::{eventually, quick_settings, with, RelayProcess, TestDb};
 use uuid::Uuid;
 
 /// Deadline of every wait. Generous: the emulator is one process shared by
@@ -27,19 +27,7 @@ const WAIT: Duration = Duration::from_secs(120);
 /// through `endpoint_url`.
 fn fast(queue: &TestQueue, endpoint_url: &str) -> Vec<(&'static str, String)> {
     let mut env = queue.env_via(endpoint_url);
-    env.extend([
-        ("OUTBOX_POLL_INTERVAL", "50ms".to_owned()),
-        ("OUTBOX_BACKOFF_BASE", "100ms".to_owned()),
-        ("OUTBOX_BACKOFF_MAX", "1s".to_owned()),
-    ]);
-    env
-}
-
-fn with(mut env: Vec<(&'static str, String)>, extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
-    for (key, value) in extra {
-        env.retain(|(k, _)| k != key);
-        env.push((key, (*value).to_owned()));
-    }
+    env.extend(with(quick_settings(), &[("OUTBOX_BACKOFF_MAX", "1s")]));
     env
 }
 

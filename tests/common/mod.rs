@@ -408,6 +408,29 @@ pub async fn release_marks(db: &TestDb) {
         .unwrap();
 }
 
+/// Settings that make a test relay react quickly: a short poll and short
+/// backoff.
+pub fn quick_settings() -> Vec<(&'static str, String)> {
+    vec![
+        ("OUTBOX_POLL_INTERVAL", "50ms".to_owned()),
+        ("OUTBOX_BACKOFF_BASE", "100ms".to_owned()),
+        ("OUTBOX_BACKOFF_MAX", "500ms".to_owned()),
+    ]
+}
+
+/// `env` with `extra` settings added, replacing earlier values of the same
+/// variables.
+pub fn with(
+    mut env: Vec<(&'static str, String)>,
+    extra: &[(&'static str, &str)],
+) -> Vec<(&'static str, String)> {
+    for (key, value) in extra {
+        env.retain(|(k, _)| k != key);
+        env.push((key, (*value).to_owned()));
+    }
+    env
+}
+
 /// Polls `condition` every 50 ms until it holds; panics with `what` after
 /// `within`. Waiting on a condition, not a fixed sleep, keeps tests fast on
 /// a quiet machine and correct on a busy one.
