@@ -57,6 +57,15 @@ struct Options {
     /// RabbitMQ.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     amqp_url: String,
+    /// Relay batch size (OUTBOX_BATCH_SIZE) in every run.
+    #[arg(long, default_value = "100")]
+    batch_size: usize,
+    /// Relay workers (OUTBOX_WORKERS) in every run.
+    #[arg(long, default_value = "4")]
+    workers: usize,
+    /// Only the relay's drain runs (to compare settings quickly).
+    #[arg(long)]
+    only_drain: bool,
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
@@ -64,10 +73,6 @@ struct Options {
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The relay's settings in every run: its defaults, but no retention and a
-/// quiet log.
-const BATCH_SIZE: usize = 100;
-const WORKERS: usize = 4;
 
 fn payload_sql() -> &'static str {
     // ~300 bytes of JSON per event.
@@ -160,8 +165,8 @@ fn relay_command(db_url: &str, options: &Options, exchange: &str) -> Command {
         .env("OUTBOX_AMQP_EXCHANGE", exchange)
         .env("OUTBOX_RETENTION", "0")
         .env("OUTBOX_HTTP_ADDR", "127.0.0.1:0")
-        .env("OUTBOX_BATCH_SIZE", BATCH_SIZE.to_string())
-        .env("OUTBOX_WORKERS", WORKERS.to_string())
+        .env("OUTBOX_BATCH_SIZE", options.batch_size.to_string())
+        .env("OUTBOX_WORKERS", options.workers.to_string())
         .env("RUST_LOG", "warn");
     command
 }
@@ -323,7 +328,7 @@ async fn bare_publisher(options: &Options) -> Result<f64, Error> {
     let channel = broker.connection.create_channel().await?;
     channel.confirm_select(ConfirmSelectOptions::default()).await?;
     let body = vec![b'x'; 300];
-    let window = BATCH_SIZE * WORKERS;
+    let window = options.batch_size * options.workers;
     let started = Instant::now();
     let mut in_flight = futures::stream::FuturesUnordered::new();
     for n in 0..options.rows {
@@ -413,7 +418,7 @@ async fn naive_relay(options: &Options) -> Result<f64, Error> {
 
 /// The row-lock alternative to the committed lease, at its best: per batch
 /// one transaction holding the rows' locks across the publish, the batch's
-/// confirms awaited together, one UPDATE for the batch; `WORKERS` loops at
+/// confirms awaited together, one UPDATE for the batch; `--workers` loops at
 /// once like the relay. One row version per publish instead of the lease's
 /// two, but a transaction stays open for every broker round trip.
 async fn lock_relay(options: &Options) -> Result<f64, Error> {
@@ -423,11 +428,12 @@ async fn lock_relay(options: &Options) -> Result<f64, Error> {
     let arrivals = broker.consume().await?;
     let started = Instant::now();
     let mut loops = Vec::new();
-    for _ in 0..WORKERS {
+    for _ in 0..options.workers {
         let mut client = connect(&db.url).await?;
         let channel = broker.connection.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let exchange = broker.exchange.clone();
+        let batch_size = options.batch_size;
         loops.push(tokio::spawn(async move {
             loop {
                 let tx = client.transaction().await?;
@@ -435,8 +441,8 @@ async fn lock_relay(options: &Options) -> Result<f64, Error> {
                     .query(
                         "SELECT id, event_type, payload::text FROM outbox_event
                          WHERE published_at IS NULL AND quarantined_at IS NULL AND next_attempt_at <= now()
-                         ORDER BY created_at, id LIMIT 100 FOR UPDATE SKIP LOCKED",
-                        &[],
+                         ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED",
+                        &[&(batch_size as i64)],
                     )
                     .await?;
                 if rows.is_empty() {
@@ -641,6 +647,19 @@ async fn main() -> Result<(), Error> {
         relay_bin()
     );
 
+    if options.only_drain {
+        for &replicas in &options.replicas {
+            let d = drain(&options, replicas).await?;
+            println!(
+                "drain, {replicas} replica(s), batch {} × {} workers: {:.0} events/s, {:.0}% of a core",
+                options.batch_size,
+                options.workers,
+                d.rows as f64 / d.seconds,
+                d.cpu_seconds / d.seconds * 100.0
+            );
+        }
+        return Ok(());
+    }
     let bare = bare_publisher(&options).await?;
     eprintln!("bare publisher: {bare:.0} msg/s");
     let naive = naive_relay(&options).await?;
@@ -669,7 +688,7 @@ async fn main() -> Result<(), Error> {
     println!("|---|---:|---:|---:|---:|---:|");
     println!(
         "| bare lapin publisher, {}-message confirm window | {bare:.0} | 100% | | | |",
-        BATCH_SIZE * WORKERS
+        options.batch_size * options.workers
     );
     println!(
         "| simplest correct relay ({} rows) | {naive:.0} | {:.1}% | 1.0x | | |",
@@ -677,7 +696,8 @@ async fn main() -> Result<(), Error> {
         naive / bare * 100.0
     );
     println!(
-        "| row lock held across the publish, {WORKERS} loops, batched confirms | {locked:.0} | {:.1}% | {:.0}x | | |",
+        "| row lock held across the publish, {} loops, batched confirms | {locked:.0} | {:.1}% | {:.0}x | | |",
+        options.workers,
         locked / bare * 100.0,
         locked / naive
     );
