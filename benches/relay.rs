@@ -73,7 +73,6 @@ struct Options {
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-
 fn payload_sql() -> &'static str {
     // ~300 bytes of JSON per event.
     "jsonb_build_object('order_id', gen_random_uuid(), 'n', n, 'customer', 'customer-' || (n % 977),
