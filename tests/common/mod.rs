@@ -218,19 +218,26 @@ impl TestBroker {
             .exchange_declare(
                 exchange.as_str().into(),
                 ExchangeKind::Topic,
+                // Goes with its queue's binding, so a test that panics
+                // before cleanup() leaves nothing behind for long.
                 ExchangeDeclareOptions {
-                    auto_delete: false,
+                    auto_delete: true,
                     ..Default::default()
                 },
                 FieldTable::default(),
             )
             .await
             .expect("declare exchange");
+        // Unused for 15 minutes (no consumer, no declare), the broker deletes
+        // the queue: far longer than any test, short enough to reclaim what
+        // a failed test left.
+        let mut queue_arguments = FieldTable::default();
+        queue_arguments.insert("x-expires".into(), lapin::types::AMQPValue::LongLongInt(900_000));
         channel
             .queue_declare(
                 queue.as_str().into(),
                 QueueDeclareOptions::default(),
-                FieldTable::default(),
+                queue_arguments,
             )
             .await
             .expect("declare queue");
