@@ -117,11 +117,14 @@ async fn two_relays_deliver_every_row_exactly_once_in_normal_operation() {
 async fn unroutable_rows_back_off_then_quarantine_while_others_flow() {
     let db = TestDb::migrated().await;
     let broker = TestBroker::create("good.#").await;
-    let good = db.insert_events(200, "good.event").await;
+    // The unroutable rows come first and there is one worker, so all three
+    // fail in the same batch and their first failure can be observed together.
     let bad = db.insert_events(3, "bad.event").await;
+    let good = db.insert_events(200, "good.event").await;
     let env = with(
         fast(&broker),
         &[
+            ("OUTBOX_WORKERS", "1"),
             ("OUTBOX_MAX_ATTEMPTS", "3"),
             ("OUTBOX_BACKOFF_BASE", "2s"),
             ("OUTBOX_BACKOFF_MAX", "2s"),
