@@ -53,16 +53,6 @@ fn value_column(line: &str, label: &str) -> usize {
     label.len() + rest.len() - rest.trim_start().len()
 }
 
-async fn ids_where(db: &TestDb, condition: &str) -> HashSet<Uuid> {
-    db.client
-        .query(&format!("SELECT id FROM outbox_event WHERE {condition}"), &[])
-        .await
-        .expect("select ids")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
-}
-
 /// A table with a bit of everything.
 async fn backlog(db: &TestDb) {
     Rows::pending(3).insert(db).await;
@@ -303,16 +293,17 @@ async fn quarantine_release_requeues_the_given_rows_and_reports_the_others() {
 
     let released: HashSet<Uuid> = quarantined[..2].iter().copied().collect();
     assert_eq!(
-        ids_where(&db, "quarantined_at IS NULL AND attempt_count = 0 AND next_attempt_at <= now() AND published_at IS NULL").await,
+        db.ids_where("quarantined_at IS NULL AND attempt_count = 0 AND next_attempt_at <= now() AND published_at IS NULL").await,
         released,
         "released rows are due now with attempts reset"
     );
     assert_eq!(
-        ids_where(&db, "quarantined_at IS NOT NULL").await,
+        db.ids_where("quarantined_at IS NOT NULL").await,
         HashSet::from([c])
     );
     assert_eq!(
-        ids_where(&db, "next_attempt_at > now() AND attempt_count = 3").await,
+        db.ids_where("next_attempt_at > now() AND attempt_count = 3")
+            .await,
         HashSet::from([pending[0]]),
         "a row that was not quarantined is left alone"
     );
@@ -388,8 +379,7 @@ async fn replay_requeues_rows_published_in_the_window() {
     assert!(text.starts_with("re-queued 5 rows published in ["), "{text}");
     let requeued: HashSet<Uuid> = two_hours.iter().chain(&two_hours_invoices).copied().collect();
     assert_eq!(
-        ids_where(
-            &db,
+        db.ids_where(
             "published_at IS NULL AND quarantined_at IS NULL AND attempt_count = 0 AND next_attempt_at <= now()"
         )
         .await,
@@ -412,16 +402,16 @@ async fn replay_requeues_rows_published_in_the_window() {
     let text = stdout(&out);
     assert!(text.starts_with("re-queued 1 row published in ["), "{text}");
     assert!(text.contains(", now) of event type 'invoice.issued'"), "{text}");
-    assert!(ids_where(&db, "published_at IS NULL").await.contains(&recent[0]));
+    assert!(db.ids_where("published_at IS NULL").await.contains(&recent[0]));
 
     let still_published: HashSet<Uuid> = three_hours.iter().copied().collect();
-    assert_eq!(ids_where(&db, "published_at IS NOT NULL").await, still_published);
+    assert_eq!(db.ids_where("published_at IS NOT NULL").await, still_published);
     assert_eq!(
-        ids_where(&db, "next_attempt_at > now()").await,
+        db.ids_where("next_attempt_at > now()").await,
         HashSet::from([pending[0]])
     );
     assert_eq!(
-        ids_where(&db, "quarantined_at IS NOT NULL").await,
+        db.ids_where("quarantined_at IS NOT NULL").await,
         HashSet::from([quarantined[0]])
     );
 }

@@ -37,16 +37,6 @@ fn store(db: &TestDb) -> Store {
     Store::new(&database, 2)
 }
 
-async fn ids_where(db: &TestDb, condition: &str) -> HashSet<Uuid> {
-    db.client
-        .query(&format!("SELECT id FROM outbox_event WHERE {condition}"), &[])
-        .await
-        .expect("select ids")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
-}
-
 // ------------------------------------------------------------------- HTTP
 
 /// A local address nobody listens on right now: bound to port 0 and
@@ -414,12 +404,12 @@ async fn retention_deletes_exactly_the_rows_published_before_the_cutoff() {
     })
     .await;
     assert_eq!(
-        ids_where(&db, "TRUE").await,
+        db.ids_where("TRUE").await,
         kept,
         "exactly the expired rows are gone"
     );
     let expired: HashSet<Uuid> = expired.into_iter().collect();
-    assert!(ids_where(&db, "TRUE").await.is_disjoint(&expired));
+    assert!(db.ids_where("TRUE").await.is_disjoint(&expired));
     assert_eq!(
         db.count("published_at IS NULL AND quarantined_at IS NULL").await,
         5

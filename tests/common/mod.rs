@@ -142,6 +142,17 @@ impl TestDb {
             .get(0)
     }
 
+    /// Ids of the rows matching a WHERE clause.
+    pub async fn ids_where(&self, condition: &str) -> std::collections::HashSet<Uuid> {
+        self.client
+            .query(&format!("SELECT id FROM outbox_event WHERE {condition}"), &[])
+            .await
+            .expect("select ids")
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
     /// Terminates this database's backends that belong to the relay.
     pub async fn terminate_relay_backends(&self) -> i64 {
         self.client
