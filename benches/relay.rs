@@ -26,7 +26,10 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use lapin::Confirmation;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use outbox_relay::sink::amqp::AmqpSink;
+use outbox_relay::store::Event;
 use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 
@@ -63,6 +66,10 @@ struct Options {
     /// Relay workers (OUTBOX_WORKERS) in every run.
     #[arg(long, default_value = "4")]
     workers: usize,
+    /// Table fillfactor for the drain runs, instead of the one `migrate`
+    /// sets (to try how much room the claim's HOT updates need).
+    #[arg(long)]
+    fillfactor: Option<u32>,
     /// Only the relay's drain runs (to compare settings quickly).
     #[arg(long)]
     only_drain: bool,
@@ -131,6 +138,15 @@ impl BenchDb {
         Ok(())
     }
 
+    async fn set_fillfactor(&self, fillfactor: u32) -> Result<(), Error> {
+        self.client
+            .batch_execute(&format!(
+                "ALTER TABLE outbox_event SET (fillfactor = {fillfactor})"
+            ))
+            .await?;
+        Ok(())
+    }
+
     async fn unpublished(&self) -> Result<i64, Error> {
         Ok(self
             .client
@@ -168,6 +184,116 @@ fn relay_command(db_url: &str, options: &Options, exchange: &str) -> Command {
         .env("OUTBOX_WORKERS", options.workers.to_string())
         .env("RUST_LOG", "warn");
     command
+}
+
+/// CPU seconds used so far by every process with this command name,
+/// counting the children they have reaped (PostgreSQL's ended backends).
+fn cpu_seconds_of(command: &str) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut ticks = 0.0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_match = std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == command);
+        if !is_match {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        let after = stat.rsplit_once(") ").map(|(_, rest)| rest).unwrap_or("");
+        // utime, stime, cutime, cstime: fields 14 to 17 of the line.
+        ticks += after
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|v| v.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    ticks / 100.0
+}
+
+/// CPU seconds of the servers the relay depends on, to tell which one
+/// limits a run: PostgreSQL and RabbitMQ (the Erlang VM).
+#[derive(Debug, Clone, Copy, Default)]
+struct ServerCpu {
+    postgres: f64,
+    rabbitmq: f64,
+    /// Busy and total CPU time of the whole machine (all cores).
+    machine_busy: f64,
+    machine_total: f64,
+}
+
+impl ServerCpu {
+    fn now() -> Self {
+        // The first line of /proc/stat: user nice system idle iowait irq
+        // softirq steal …, in ticks, summed over all cores.
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let total: f64 = ticks.iter().sum();
+        let idle = ticks.get(3).copied().unwrap_or(0.0) + ticks.get(4).copied().unwrap_or(0.0);
+        Self {
+            postgres: cpu_seconds_of("postgres"),
+            rabbitmq: cpu_seconds_of("beam.smp"),
+            machine_busy: total - idle,
+            machine_total: total,
+        }
+    }
+
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            postgres: self.postgres - earlier.postgres,
+            rabbitmq: self.rabbitmq - earlier.rabbitmq,
+            machine_busy: self.machine_busy - earlier.machine_busy,
+            machine_total: self.machine_total - earlier.machine_total,
+        }
+    }
+}
+
+/// Throughput of one run and what it cost the servers.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    events_per_second: f64,
+    seconds: f64,
+    /// CPU used by PostgreSQL and RabbitMQ during the run, in % of a core.
+    postgres_percent: f64,
+    rabbitmq_percent: f64,
+    /// Share of the whole machine's CPU time that was busy, in %.
+    machine_busy_percent: f64,
+}
+
+/// Measures a run from its start.
+struct Meter {
+    started: Instant,
+    servers: ServerCpu,
+}
+
+impl Meter {
+    fn start() -> Self {
+        Self {
+            started: Instant::now(),
+            servers: ServerCpu::now(),
+        }
+    }
+
+    fn finish(self, events: usize) -> Run {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let used = ServerCpu::now().since(self.servers);
+        Run {
+            events_per_second: events as f64 / seconds,
+            seconds,
+            postgres_percent: used.postgres / seconds * 100.0,
+            rabbitmq_percent: used.rabbitmq / seconds * 100.0,
+            machine_busy_percent: used.machine_busy / used.machine_total.max(1.0) * 100.0,
+        }
+    }
 }
 
 /// Peak RSS (KiB) and CPU seconds of a process, from /proc.
@@ -274,18 +400,23 @@ impl Broker {
 
 struct Drain {
     replicas: usize,
-    rows: usize,
-    seconds: f64,
+    run: Run,
     peak_rss_mib: f64,
-    cpu_seconds: f64,
+    /// CPU of all replicas together, in % of a core.
+    relay_percent: f64,
+    /// Share of row updates that were HOT (no new index entries).
+    hot_share: f64,
 }
 
 async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
     let db = BenchDb::create(options).await?;
     let broker = Broker::create(options).await?;
+    if let Some(fillfactor) = options.fillfactor {
+        db.set_fillfactor(fillfactor).await?;
+    }
     db.prefill(options.rows).await?;
     let arrivals = broker.consume().await?;
-    let started = Instant::now();
+    let meter = Meter::start();
     let mut relays: Vec<Child> = (0..replicas)
         .map(|_| {
             relay_command(&db.url, options, &broker.exchange)
@@ -298,69 +429,155 @@ async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
         for (relay, usage) in relays.iter().zip(last_usage.iter_mut()) {
             *usage = proc_usage(relay.id());
         }
-        if db.unpublished().await? == 0 && arrivals.lock().unwrap().len() >= options.rows {
+        // Counting rows costs PostgreSQL a scan, so only once every
+        // message has arrived (rows are marked after their confirms).
+        let all_arrived = arrivals.lock().unwrap().len() >= options.rows;
+        if all_arrived && db.unpublished().await? == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let run = meter.finish(options.rows);
     for relay in &mut relays {
         let _ = relay.kill();
         let _ = relay.wait();
     }
+    // Backends report their statistics when they end.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (updates, hot_updates): (i64, i64) = db
+        .client
+        .query_one(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass",
+            &[],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))?;
     broker.delete().await?;
     db.drop().await?;
     Ok(Drain {
         replicas,
-        rows: options.rows,
-        seconds,
+        run,
         peak_rss_mib: last_usage.iter().map(|u| u.0).max().unwrap_or(0) as f64 / 1024.0,
-        cpu_seconds: last_usage.iter().map(|u| u.1).sum(),
+        relay_percent: last_usage.iter().map(|u| u.1).sum::<f64>() / run.seconds * 100.0,
+        hot_share: hot_updates as f64 / updates.max(1) as f64,
     })
 }
 
-/// A bare publisher: the same messages with the same confirm window the
-/// relay keeps in flight (batch size × workers), no database at all.
-async fn bare_publisher(options: &Options) -> Result<f64, Error> {
+/// An event like the prefilled rows, for publishers without a database.
+fn sample_event(n: usize) -> Event {
+    let payload = format!(
+        r#"{{"n": {n}, "note": "{}", "lines": [{{"qty": 1, "sku": "SKU-{}", "price": 19.99}}], "customer": "customer-{}", "order_id": "{}"}}"#,
+        "x".repeat(160),
+        n % 101,
+        n % 977,
+        Uuid::new_v4()
+    );
+    Event {
+        id: Uuid::new_v4(),
+        causation_id: None,
+        event_type: "order.created".to_owned(),
+        aggregate_id: format!("order-{}", n % 5000),
+        payload,
+        created_at: chrono::Utc::now(),
+        attempt_count: 1,
+    }
+}
+
+/// A bare publisher: the relay's messages (same properties, same size),
+/// the same confirm window the relay keeps in flight (batch size ×
+/// workers, over as many channels), no database at all. Each channel keeps
+/// its window full: a new message goes out as soon as one is confirmed.
+async fn bare_publisher(options: &Options) -> Result<Run, Error> {
     let broker = Broker::create(options).await?;
     let _arrivals = broker.consume().await?;
-    let channel = broker.connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
-    let body = vec![b'x'; 300];
-    let window = options.batch_size * options.workers;
-    let started = Instant::now();
-    let mut in_flight = futures::stream::FuturesUnordered::new();
-    for n in 0..options.rows {
-        if in_flight.len() >= window {
-            in_flight.next().await.expect("a confirm")?;
-        }
-        let confirm = channel
-            .basic_publish(
-                broker.exchange.as_str().into(),
-                "order.created".into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &body,
-                BasicProperties::default()
-                    .with_message_id(n.to_string().into())
-                    .with_delivery_mode(2),
-            )
-            .await?;
-        in_flight.push(confirm);
+    let events: Arc<Vec<Event>> = Arc::new((0..options.rows).map(sample_event).collect());
+    let meter = Meter::start();
+    let mut loops = Vec::new();
+    for lane in 0..options.workers {
+        let channel = broker.connection.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let (events, exchange, window) = (events.clone(), broker.exchange.clone(), options.batch_size);
+        let workers = options.workers;
+        loops.push(tokio::spawn(async move {
+            let mut in_flight = futures::stream::FuturesUnordered::new();
+            for event in events.iter().skip(lane).step_by(workers) {
+                if in_flight.len() >= window {
+                    let confirmation: Result<Confirmation, lapin::Error> =
+                        in_flight.next().await.expect("a confirm");
+                    assert!(confirmation?.is_ack());
+                }
+                let (channel, exchange) = (&channel, exchange.as_str());
+                in_flight.push(async move {
+                    channel
+                        .basic_publish(
+                            exchange.into(),
+                            event.event_type.as_str().into(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                ..Default::default()
+                            },
+                            event.payload.as_bytes(),
+                            AmqpSink::properties(event),
+                        )
+                        .await?
+                        .await
+                });
+            }
+            while let Some(confirmation) = in_flight.next().await {
+                assert!(confirmation?.is_ack());
+            }
+            Ok::<(), Error>(())
+        }));
     }
-    while let Some(confirm) = in_flight.next().await {
-        confirm?;
+    for handle in loops {
+        handle.await??;
     }
-    let rate = options.rows as f64 / started.elapsed().as_secs_f64();
+    let run = meter.finish(options.rows);
     broker.delete().await?;
-    Ok(rate)
+    Ok(run)
+}
+
+/// Claims rows of the prefilled table inside `tx`, locking them.
+const LOCKING_CLAIM: &str =
+    "SELECT id, causation_id, event_type::text, aggregate_id::text, payload::text, created_at
+     FROM outbox_event
+     WHERE published_at IS NULL AND quarantined_at IS NULL AND next_attempt_at <= now()
+     ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
+
+fn event_of(row: &tokio_postgres::Row) -> Event {
+    Event {
+        id: row.get(0),
+        causation_id: row.get(1),
+        event_type: row.get(2),
+        aggregate_id: row.get(3),
+        payload: row.get(4),
+        created_at: row.get(5),
+        attempt_count: 1,
+    }
+}
+
+async fn publish(
+    channel: &lapin::Channel,
+    exchange: &str,
+    event: &Event,
+) -> Result<lapin::PublisherConfirm, lapin::Error> {
+    channel
+        .basic_publish(
+            exchange.into(),
+            event.event_type.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            event.payload.as_bytes(),
+            AmqpSink::properties(event),
+        )
+        .await
 }
 
 /// The simplest correct relay: per batch one transaction; each row
 /// published and its confirm awaited before the next; one UPDATE per row.
-async fn naive_relay(options: &Options) -> Result<f64, Error> {
+async fn naive_relay(options: &Options) -> Result<Run, Error> {
     let db = BenchDb::create(options).await?;
     let broker = Broker::create(options).await?;
     db.prefill(options.naive_rows).await?;
@@ -368,112 +585,71 @@ async fn naive_relay(options: &Options) -> Result<f64, Error> {
     let channel = broker.connection.create_channel().await?;
     channel.confirm_select(ConfirmSelectOptions::default()).await?;
     let mut client = connect(&db.url).await?;
-    let started = Instant::now();
+    let meter = Meter::start();
     loop {
         let tx = client.transaction().await?;
-        let rows = tx
-            .query(
-                "SELECT id, event_type, payload::text FROM outbox_event
-                 WHERE published_at IS NULL ORDER BY created_at, id LIMIT 100 FOR UPDATE SKIP LOCKED",
-                &[],
-            )
-            .await?;
+        let rows = tx.query(LOCKING_CLAIM, &[&100i64]).await?;
         if rows.is_empty() {
             break;
         }
-        for row in rows {
-            let id: Uuid = row.get(0);
-            let event_type: String = row.get(1);
-            let payload: String = row.get(2);
-            let confirmation = channel
-                .basic_publish(
-                    broker.exchange.as_str().into(),
-                    event_type.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    payload.as_bytes(),
-                    BasicProperties::default()
-                        .with_message_id(id.to_string().into())
-                        .with_delivery_mode(2),
-                )
-                .await?
-                .await?;
+        for row in &rows {
+            let event = event_of(row);
+            let confirmation = publish(&channel, &broker.exchange, &event).await?.await?;
             assert!(confirmation.is_ack());
             tx.execute(
                 "UPDATE outbox_event SET published_at = now() WHERE id = $1",
-                &[&id],
+                &[&event.id],
             )
             .await?;
         }
         tx.commit().await?;
     }
-    let rate = options.naive_rows as f64 / started.elapsed().as_secs_f64();
+    let run = meter.finish(options.naive_rows);
     broker.delete().await?;
     db.drop().await?;
-    Ok(rate)
+    Ok(run)
 }
 
 /// The row-lock alternative to the committed lease, at its best: per batch
 /// one transaction holding the rows' locks across the publish, the batch's
-/// confirms awaited together, one UPDATE for the batch; `--workers` loops at
-/// once like the relay. One row version per publish instead of the lease's
-/// two, but a transaction stays open for every broker round trip.
-async fn lock_relay(options: &Options) -> Result<f64, Error> {
+/// publishes started together and their confirms awaited together, one
+/// UPDATE for the batch; `--workers` loops at once, a channel each, like
+/// the relay. One row version per publish instead of the lease's two, but
+/// a transaction stays open for every broker round trip.
+async fn lock_relay(options: &Options) -> Result<Run, Error> {
     let db = BenchDb::create(options).await?;
     let broker = Broker::create(options).await?;
+    if let Some(fillfactor) = options.fillfactor {
+        db.set_fillfactor(fillfactor).await?;
+    }
     db.prefill(options.rows).await?;
     let arrivals = broker.consume().await?;
-    let started = Instant::now();
+    let meter = Meter::start();
     let mut loops = Vec::new();
     for _ in 0..options.workers {
         let mut client = connect(&db.url).await?;
         let channel = broker.connection.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let exchange = broker.exchange.clone();
-        let batch_size = options.batch_size;
+        let batch_size = options.batch_size as i64;
         loops.push(tokio::spawn(async move {
             loop {
                 let tx = client.transaction().await?;
-                let rows = tx
-                    .query(
-                        "SELECT id, event_type, payload::text FROM outbox_event
-                         WHERE published_at IS NULL AND quarantined_at IS NULL AND next_attempt_at <= now()
-                         ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED",
-                        &[&(batch_size as i64)],
-                    )
-                    .await?;
+                let rows = tx.query(LOCKING_CLAIM, &[&batch_size]).await?;
                 if rows.is_empty() {
                     return Ok::<(), Error>(());
                 }
-                let mut confirms = Vec::with_capacity(rows.len());
-                let mut ids = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    let id: Uuid = row.get(0);
-                    let event_type: &str = row.get(1);
-                    let payload: &str = row.get(2);
-                    confirms.push(
-                        channel
-                            .basic_publish(
-                                exchange.as_str().into(),
-                                event_type.into(),
-                                BasicPublishOptions {
-                                    mandatory: true,
-                                    ..Default::default()
-                                },
-                                payload.as_bytes(),
-                                BasicProperties::default()
-                                    .with_message_id(id.to_string().into())
-                                    .with_delivery_mode(2),
-                            )
-                            .await?,
-                    );
-                    ids.push(id);
+                let events: Vec<Event> = rows.iter().map(event_of).collect();
+                let sent =
+                    futures::future::join_all(events.iter().map(|e| publish(&channel, &exchange, e))).await;
+                let mut confirms = Vec::with_capacity(sent.len());
+                for confirm in sent {
+                    confirms.push(confirm?);
                 }
                 for confirmation in futures::future::join_all(confirms).await {
                     assert!(confirmation?.is_ack());
                 }
+                let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
                 tx.execute(
                     "UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)",
                     &[&ids],
@@ -489,10 +665,10 @@ async fn lock_relay(options: &Options) -> Result<f64, Error> {
     while arrivals.lock().unwrap().len() < options.rows {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let rate = options.rows as f64 / started.elapsed().as_secs_f64();
+    let run = meter.finish(options.rows);
     broker.delete().await?;
     db.drop().await?;
-    Ok(rate)
+    Ok(run)
 }
 
 struct Steady {
@@ -646,34 +822,94 @@ async fn main() -> Result<(), Error> {
         relay_bin()
     );
 
-    if options.only_drain {
-        for &replicas in &options.replicas {
-            let d = drain(&options, replicas).await?;
-            println!(
-                "drain, {replicas} replica(s), batch {} × {} workers: {:.0} events/s, {:.0}% of a core",
-                options.batch_size,
-                options.workers,
-                d.rows as f64 / d.seconds,
-                d.cpu_seconds / d.seconds * 100.0
-            );
-        }
-        return Ok(());
-    }
     let bare = bare_publisher(&options).await?;
-    eprintln!("bare publisher: {bare:.0} msg/s");
-    let naive = naive_relay(&options).await?;
-    eprintln!("simplest correct relay: {naive:.0} events/s");
+    eprintln!("bare publisher: {:.0} msg/s", bare.events_per_second);
+    let naive = if options.only_drain {
+        None
+    } else {
+        let naive = naive_relay(&options).await?;
+        eprintln!("simplest correct relay: {:.0} events/s", naive.events_per_second);
+        Some(naive)
+    };
     let locked = lock_relay(&options).await?;
-    eprintln!("row-lock design: {locked:.0} events/s");
+    eprintln!("row-lock design: {:.0} events/s", locked.events_per_second);
     let mut drains = Vec::new();
     for &replicas in &options.replicas {
         let result = drain(&options, replicas).await?;
         eprintln!(
             "drain with {replicas}: {:.0} events/s",
-            result.rows as f64 / result.seconds
+            result.run.events_per_second
         );
         drains.push(result);
     }
+
+    println!(
+        "\n| drain ({} rows, ~300 B payloads; batch {} × {} workers) | events/s | vs bare publisher | vs simplest relay | relay peak RSS | relay CPU | PostgreSQL CPU | RabbitMQ CPU | machine busy |",
+        options.rows, options.batch_size, options.workers
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let row = |name: String, run: &Run, relay: Option<(f64, f64)>| {
+        let rate = run.events_per_second;
+        let versus_naive = naive
+            .map(|n| format!("{:.0}x", rate / n.events_per_second))
+            .unwrap_or_default();
+        let (rss, cpu) = relay
+            .map(|(rss, cpu)| (format!("{rss:.1} MiB"), format!("{cpu:.0}%")))
+            .unwrap_or_default();
+        println!(
+            "| {name} | {rate:.0} | {:.1}% | {versus_naive} | {rss} | {cpu} | {:.0}% | {:.0}% | {:.0}% |",
+            rate / bare.events_per_second * 100.0,
+            run.postgres_percent,
+            run.rabbitmq_percent,
+            run.machine_busy_percent
+        );
+    };
+    row(
+        format!(
+            "bare lapin publisher, {}-message confirm window",
+            options.batch_size * options.workers
+        ),
+        &bare,
+        None,
+    );
+    if let Some(naive) = &naive {
+        row(
+            format!("simplest correct relay ({} rows)", options.naive_rows),
+            naive,
+            None,
+        );
+    }
+    row(
+        format!(
+            "row lock held across the publish, {} loops, batched confirms",
+            options.workers
+        ),
+        &locked,
+        None,
+    );
+    for d in &drains {
+        row(
+            format!(
+                "outbox-relay, {} replica{}",
+                d.replicas,
+                if d.replicas == 1 { "" } else { "s" }
+            ),
+            &d.run,
+            Some((d.peak_rss_mib, d.relay_percent)),
+        );
+    }
+    println!(
+        "\nCPU in % of one core, averaged over the run; HOT updates in the relay's runs: {}.",
+        drains
+            .iter()
+            .map(|d| format!("{:.0}%", d.hot_share * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if options.only_drain {
+        return Ok(());
+    }
+
     let mut steadies = Vec::new();
     for &rate in &options.rates {
         let result = steady(&options, rate).await?;
@@ -683,35 +919,6 @@ async fn main() -> Result<(), Error> {
     let with_trigger = producer_throughput(&options, true).await?;
     let without_trigger = producer_throughput(&options, false).await?;
 
-    println!("\n| drain ({} rows, ~300 B payloads) | events/s | vs bare publisher | vs simplest relay | peak RSS | CPU |", options.rows);
-    println!("|---|---:|---:|---:|---:|---:|");
-    println!(
-        "| bare lapin publisher, {}-message confirm window | {bare:.0} | 100% | | | |",
-        options.batch_size * options.workers
-    );
-    println!(
-        "| simplest correct relay ({} rows) | {naive:.0} | {:.1}% | 1.0x | | |",
-        options.naive_rows,
-        naive / bare * 100.0
-    );
-    println!(
-        "| row lock held across the publish, {} loops, batched confirms | {locked:.0} | {:.1}% | {:.0}x | | |",
-        options.workers,
-        locked / bare * 100.0,
-        locked / naive
-    );
-    for d in &drains {
-        let rate = d.rows as f64 / d.seconds;
-        println!(
-            "| outbox-relay, {} replica{} | {rate:.0} | {:.1}% | {:.0}x | {:.1} MiB | {:.0}% of a core |",
-            d.replicas,
-            if d.replicas == 1 { "" } else { "s" },
-            rate / bare * 100.0,
-            rate / naive,
-            d.peak_rss_mib,
-            d.cpu_seconds / d.seconds * 100.0
-        );
-    }
     println!("\n| steady state | events (late) | p50 | p95 | p99 | max | relay RSS | relay CPU |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for s in &steadies {

@@ -4,6 +4,11 @@
 //! awaited together, so a batch costs one round trip, not one per message.
 //! `mandatory` makes an unroutable message come back (basic.return before
 //! the ack) instead of vanishing; it is then a failed attempt.
+//!
+//! Each batch in flight has a channel of its own, taken from a pool that
+//! grows to the number of concurrent batches: RabbitMQ serves a channel on
+//! one scheduler thread, so batches sharing one channel would queue behind
+//! each other on the broker, and their confirms with them.
 
 use std::sync::Arc;
 
@@ -27,14 +32,37 @@ const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
 const MAX_SHORT_STRING: usize = 255;
 
 struct Link {
-    // Kept so the connection lives as long as its channel.
     connection: Connection,
-    channel: Channel,
+    /// Confirm-mode channels not in use by a batch right now.
+    idle: std::sync::Mutex<Vec<Channel>>,
 }
 
 impl Link {
     fn is_open(&self) -> bool {
-        self.connection.status().connected() && self.channel.status().connected()
+        self.connection.status().connected()
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Channel>> {
+        // A list of handles stays consistent whatever panicked elsewhere.
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// An idle channel, or a new one in confirm mode.
+    async fn channel(&self) -> Result<Channel, lapin::Error> {
+        let reused = self.idle().pop();
+        if let Some(channel) = reused.filter(|c| c.status().connected()) {
+            return Ok(channel);
+        }
+        let channel = self.connection.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok(channel)
+    }
+
+    /// Returns a channel after a batch; a failed one is dropped.
+    fn release(&self, channel: Channel) {
+        if channel.status().connected() {
+            self.idle().push(channel);
+        }
     }
 }
 
@@ -98,13 +126,15 @@ impl AmqpSink {
                 .map_err(|e| SinkError(format!("exchange '{}' is not usable: {e}", self.config.exchange)))?;
             let _ = probe.close(200, "probe done".into()).await;
         }
-        let channel = connection.create_channel().await.map_err(unreachable)?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(unreachable)?;
+        let link = Link {
+            connection,
+            idle: std::sync::Mutex::new(Vec::new()),
+        };
+        // One channel up front, so readiness means publishing can start.
+        let channel = link.channel().await.map_err(unreachable)?;
+        link.release(channel);
         debug!(server = %self.config.redacted_url(), "connected to RabbitMQ");
-        Ok(Link { connection, channel })
+        Ok(link)
     }
 
     async fn forget(&self, broken: &Arc<Link>) {
@@ -114,7 +144,9 @@ impl AmqpSink {
         }
     }
 
-    fn properties(event: &Event) -> BasicProperties {
+    /// The message properties of an event (the SPEC's mapping); public so
+    /// the benchmark's bare publisher sends exactly the relay's messages.
+    pub fn properties(event: &Event) -> BasicProperties {
         let mut headers = FieldTable::default();
         headers.insert(
             "aggregate_id".into(),
@@ -165,40 +197,49 @@ impl AmqpSink {
             Ok(link) => link,
             Err(e) => return vec![Outcome::Retry(e.0); events.len()],
         };
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        let mut pending = Vec::with_capacity(events.len());
-        let mut broken: Option<String> = None;
-        for (index, event) in events.iter().enumerate() {
-            if let Some(reason) = &broken {
-                outcomes[index] = Some(Outcome::Retry(reason.clone()));
-                continue;
+        let channel = match link.channel().await {
+            Ok(channel) => channel,
+            Err(e) => {
+                let reason = truncate_reason(&format!("no RabbitMQ channel: {e}"));
+                warn!(%reason, "RabbitMQ connection failed; reconnecting before the next batch");
+                self.forget(&link).await;
+                return vec![Outcome::Retry(reason); events.len()];
             }
-            let routing_key = match self.precheck(event) {
-                Ok(key) => key,
-                Err(reason) => {
-                    outcomes[index] = Some(Outcome::Reject(reason));
-                    continue;
-                }
-            };
-            let sent = link
-                .channel
-                .basic_publish(
-                    self.config.exchange.as_str().into(),
-                    routing_key.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    event.payload.as_bytes(),
-                    Self::properties(event),
-                )
-                .await;
+        };
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        let mut sendable = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            match self.precheck(event) {
+                Ok(routing_key) => sendable.push((index, event, routing_key)),
+                Err(reason) => outcomes[index] = Some(Outcome::Reject(reason)),
+            }
+        }
+        // Every publish of the batch is started before any is awaited: the
+        // first poll of each queues its frames in batch order, so lapin's
+        // I/O loop writes the batch in a few large writes. Awaiting them one
+        // at a time would cost a thread hand-off and a write per message.
+        let sends = join_all(sendable.iter().map(|(_, event, routing_key)| {
+            channel.basic_publish(
+                self.config.exchange.as_str().into(),
+                routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                event.payload.as_bytes(),
+                Self::properties(event),
+            )
+        }))
+        .await;
+        let mut pending = Vec::with_capacity(sends.len());
+        let mut broken: Option<String> = None;
+        for ((index, _, _), sent) in sendable.iter().zip(sends) {
             match sent {
-                Ok(confirm) => pending.push((index, confirm)),
+                Ok(confirm) => pending.push((*index, confirm)),
                 Err(e) => {
                     let reason = truncate_reason(&format!("publish failed: {e}"));
-                    outcomes[index] = Some(Outcome::Retry(reason.clone()));
-                    broken = Some(reason);
+                    outcomes[*index] = Some(Outcome::Retry(reason.clone()));
+                    broken.get_or_insert(reason);
                 }
             }
         }
@@ -224,8 +265,14 @@ impl AmqpSink {
             });
         }
         if let Some(reason) = broken {
-            warn!(%reason, "RabbitMQ channel failed; reconnecting before the next batch");
-            self.forget(&link).await;
+            if link.is_open() {
+                warn!(%reason, "RabbitMQ channel failed; the next batch opens another");
+            } else {
+                warn!(%reason, "RabbitMQ connection failed; reconnecting before the next batch");
+                self.forget(&link).await;
+            }
+        } else {
+            link.release(channel);
         }
         outcomes
             .into_iter()
