@@ -14,6 +14,9 @@
 //! - what the NOTIFY trigger costs producers: single-row insert throughput
 //!   with 8 connections, with and without the trigger.
 
+#[path = "relay/sqs.rs"]
+mod sqs;
+
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -66,6 +69,15 @@ struct Options {
     /// Relay workers (OUTBOX_WORKERS) in every run.
     #[arg(long, default_value = "4")]
     workers: usize,
+    /// Rows for each SQS run (standard and FIFO queue); an emulator is slow.
+    #[arg(long, default_value = "1000")]
+    sqs_rows: usize,
+    /// SQS endpoint (an emulator: `scripts/bench` starts moto on this port).
+    #[arg(long, default_value = "http://127.0.0.1:4566")]
+    sqs_endpoint: String,
+    /// Leave out the SQS runs.
+    #[arg(long)]
+    skip_sqs: bool,
     /// Table fillfactor for the drain runs, instead of the one `migrate`
     /// sets (to try how much room the claim's HOT updates need).
     #[arg(long)]
@@ -682,6 +694,8 @@ struct Steady {
     max: Duration,
     peak_rss_mib: f64,
     cpu_percent: f64,
+    /// While the producers ran: their commit rate and the servers' load.
+    load: Run,
 }
 
 /// A producer commits `rate` events/s in 10 ms ticks; lag is from the
@@ -698,7 +712,7 @@ async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
     let (_, cpu_before) = proc_usage(relay.id());
 
     let ticks_per_second = 100;
-    let per_tick = rate.div_ceil(ticks_per_second);
+    let per_tick = (rate / ticks_per_second).max(1);
     let insert = format!(
         "INSERT INTO outbox_event (id, event_type, aggregate_id, payload)
          SELECT id, 'order.created', 'order-' || n, {}
@@ -708,12 +722,14 @@ async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
     // Several producer connections, like a real service: one connection
     // alone cannot commit 10,000 events/s here.
     const PRODUCERS: usize = 4;
-    let per_tick = per_tick.div_ceil(PRODUCERS);
     let commits: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
+    let meter = Meter::start();
     let started = Instant::now();
     let run_for = Duration::from_secs(options.seconds);
     let mut producers = Vec::new();
-    for _ in 0..PRODUCERS {
+    for producer_index in 0..PRODUCERS {
+        // The tick's rows split as evenly as they go: the rate is exact.
+        let per_tick = per_tick / PRODUCERS + usize::from(producer_index < per_tick % PRODUCERS);
         let producer = connect(&db.url).await?;
         let statement = producer.prepare(&insert).await?;
         let commits = commits.clone();
@@ -737,6 +753,7 @@ async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
         producer.await??;
     }
     let commits = commits.lock().unwrap().clone();
+    let load = meter.finish(commits.len());
     let elapsed = started.elapsed().as_secs_f64();
     let (_, cpu_after) = proc_usage(relay.id());
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -767,6 +784,7 @@ async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
         max: *lags.last().expect("at least one event"),
         peak_rss_mib: peak_kib as f64 / 1024.0,
         cpu_percent: (cpu_after - cpu_before) / elapsed * 100.0,
+        load,
     };
     broker.delete().await?;
     db.drop().await?;
@@ -910,6 +928,11 @@ async fn main() -> Result<(), Error> {
         return Ok(());
     }
 
+    let sqs_runs = if options.skip_sqs {
+        Vec::new()
+    } else {
+        sqs::run(&options, &options.sqs_endpoint).await?
+    };
     let mut steadies = Vec::new();
     for &rate in &options.rates {
         let result = steady(&options, rate).await?;
@@ -919,21 +942,42 @@ async fn main() -> Result<(), Error> {
     let with_trigger = producer_throughput(&options, true).await?;
     let without_trigger = producer_throughput(&options, false).await?;
 
-    println!("\n| steady state | events (late) | p50 | p95 | p99 | max | relay RSS | relay CPU |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    if !sqs_runs.is_empty() {
+        println!(
+            "\n| SQS emulator at {} ({} rows a run, queue drained while sending) | emulator ceiling, events/s | outbox-relay, events/s | relay vs ceiling | relay peak RSS |",
+            options.sqs_endpoint, options.sqs_rows
+        );
+        println!("|---|---:|---:|---:|---:|");
+        for run in &sqs_runs {
+            println!(
+                "| {} queue | {:.0} | {:.0} | {:.0}% | {:.1} MiB |",
+                if run.fifo { "FIFO" } else { "standard" },
+                run.ceiling,
+                run.relay,
+                run.relay / run.ceiling * 100.0,
+                run.relay_peak_rss_mib
+            );
+        }
+    }
+    println!("\n| steady state | events (late) | committed/s | p50 | p95 | p99 | max | relay RSS | relay CPU | PostgreSQL CPU | RabbitMQ CPU | machine busy |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in &steadies {
         println!(
-            "| {}/s for {} s | {} ({}) | {} | {} | {} | {} | {:.1} MiB | {:.0}% |",
+            "| {}/s for {} s | {} ({}) | {:.0} | {} | {} | {} | {} | {:.1} MiB | {:.0}% | {:.0}% | {:.0}% | {:.0}% |",
             s.rate,
             options.seconds,
             s.sent,
             s.missing,
+            s.load.events_per_second,
             ms(s.p50),
             ms(s.p95),
             ms(s.p99),
             ms(s.max),
             s.peak_rss_mib,
-            s.cpu_percent
+            s.cpu_percent,
+            s.load.postgres_percent,
+            s.load.rabbitmq_percent,
+            s.load.machine_busy_percent
         );
     }
     println!("\n| producer inserts, 8 connections, single-row transactions | inserts/s |");
