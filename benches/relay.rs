@@ -69,8 +69,13 @@ struct Options {
     /// Relay workers (OUTBOX_WORKERS) in every run.
     #[arg(long, default_value = "4")]
     workers: usize,
+    /// Runs of each drain scenario (bare publisher, row-lock design, each
+    /// replica count); the table shows the median run. The machine is
+    /// noisy: single runs vary by ±15%.
+    #[arg(long, default_value = "1")]
+    repeat: usize,
     /// Rows for each SQS run (standard and FIFO queue); an emulator is slow.
-    #[arg(long, default_value = "1000")]
+    #[arg(long, default_value = "300")]
     sqs_rows: usize,
     /// SQS endpoint (an emulator: `scripts/bench` starts moto on this port).
     #[arg(long, default_value = "http://127.0.0.1:4566")]
@@ -78,6 +83,9 @@ struct Options {
     /// Leave out the SQS runs.
     #[arg(long)]
     skip_sqs: bool,
+    /// Only the SQS runs.
+    #[arg(long)]
+    only_sqs: bool,
     /// Table fillfactor for the drain runs, instead of the one `migrate`
     /// sets (to try how much room the claim's HOT updates need).
     #[arg(long)]
@@ -831,6 +839,21 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// Runs a scenario `times` times and keeps the median run by `key`.
+async fn median_of<T, F, Fut>(times: usize, mut scenario: F, key: impl Fn(&T) -> f64) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut runs = Vec::with_capacity(times.max(1));
+    for _ in 0..times.max(1) {
+        runs.push(scenario().await?);
+    }
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let middle = runs.len() / 2;
+    Ok(runs.swap_remove(middle))
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let options = Options::parse();
@@ -840,7 +863,23 @@ async fn main() -> Result<(), Error> {
         relay_bin()
     );
 
-    let bare = bare_publisher(&options).await?;
+    if options.only_sqs {
+        for run in sqs::run(&options, &options.sqs_endpoint).await? {
+            println!(
+                "SQS {}: ceiling {:.0}/s, relay {:.0}/s",
+                if run.fifo { "FIFO" } else { "standard" },
+                run.ceiling,
+                run.relay
+            );
+        }
+        return Ok(());
+    }
+    let bare = median_of(
+        options.repeat,
+        || bare_publisher(&options),
+        |r| r.events_per_second,
+    )
+    .await?;
     eprintln!("bare publisher: {:.0} msg/s", bare.events_per_second);
     let naive = if options.only_drain {
         None
@@ -849,11 +888,16 @@ async fn main() -> Result<(), Error> {
         eprintln!("simplest correct relay: {:.0} events/s", naive.events_per_second);
         Some(naive)
     };
-    let locked = lock_relay(&options).await?;
+    let locked = median_of(options.repeat, || lock_relay(&options), |r| r.events_per_second).await?;
     eprintln!("row-lock design: {:.0} events/s", locked.events_per_second);
     let mut drains = Vec::new();
     for &replicas in &options.replicas {
-        let result = drain(&options, replicas).await?;
+        let result = median_of(
+            options.repeat,
+            || drain(&options, replicas),
+            |d| d.run.events_per_second,
+        )
+        .await?;
         eprintln!(
             "drain with {replicas}: {:.0} events/s",
             result.run.events_per_second
@@ -917,7 +961,8 @@ async fn main() -> Result<(), Error> {
         );
     }
     println!(
-        "\nCPU in % of one core, averaged over the run; HOT updates in the relay's runs: {}.",
+        "\nEach row: the median of {} run(s). CPU in % of one core, averaged over the run; HOT updates in the relay's runs: {}.",
+        options.repeat.max(1),
         drains
             .iter()
             .map(|d| format!("{:.0}%", d.hot_share * 100.0))
