@@ -989,7 +989,7 @@ async fn main() -> Result<(), Error> {
 
     if !sqs_runs.is_empty() {
         println!(
-            "\n| SQS emulator at {} ({} rows a run, queue drained while sending) | emulator ceiling, events/s | outbox-relay, events/s | relay vs ceiling | relay peak RSS |",
+            "\n| SQS emulator at {} ({} rows a run, each from an empty queue) | emulator ceiling, events/s | outbox-relay, events/s | relay vs ceiling | relay peak RSS |",
             options.sqs_endpoint, options.sqs_rows
         );
         println!("|---|---:|---:|---:|---:|");

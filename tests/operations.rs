@@ -87,6 +87,22 @@ fn idle_relay(db: &TestDb, http: SocketAddr, extra: &[(&'static str, &str)]) -> 
 
 // ----------------------------------------------------------------- gauges
 
+/// Prepared statements would otherwise switch to a generic plan costed for
+/// the table as it was when the relay started: on an outbox that was empty
+/// then, the mark kept scanning every unpublished row once it had grown.
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_connections_plan_each_statement_for_its_parameters() {
+    let db = TestDb::migrated().await;
+    let store = store(&db);
+    let client = store.client().await.expect("pooled connection");
+    let mode: String = client
+        .query_one("SHOW plan_cache_mode", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(mode, "force_custom_plan");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn gauges_equal_the_table() {
     let db = TestDb::migrated().await;
