@@ -6,9 +6,10 @@
 //! the ack) instead of vanishing; it is then a failed attempt.
 //!
 //! Each batch in flight has a channel of its own, taken from a pool that
-//! grows to the number of concurrent batches: RabbitMQ serves a channel on
-//! one scheduler thread, so batches sharing one channel would queue behind
-//! each other on the broker, and their confirms with them.
+//! grows to the number of concurrent batches: a channel error (RabbitMQ
+//! closes the channel) then fails only the batch that caused it, and a
+//! timed-out batch's channel is dropped with its late confirms instead of
+//! leaving them to a later batch.
 
 use std::sync::Arc;
 
