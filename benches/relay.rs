@@ -527,21 +527,7 @@ async fn bare_publisher(options: &Options) -> Result<Run, Error> {
                     assert!(confirmation?.is_ack());
                 }
                 let (channel, exchange) = (&channel, exchange.as_str());
-                in_flight.push(async move {
-                    channel
-                        .basic_publish(
-                            exchange.into(),
-                            event.event_type.as_str().into(),
-                            BasicPublishOptions {
-                                mandatory: true,
-                                ..Default::default()
-                            },
-                            event.payload.as_bytes(),
-                            AmqpSink::properties(event),
-                        )
-                        .await?
-                        .await
-                });
+                in_flight.push(async move { publish(channel, exchange, event).await?.await });
             }
             while let Some(confirmation) = in_flight.next().await {
                 assert!(confirmation?.is_ack());

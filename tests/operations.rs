@@ -95,18 +95,17 @@ async fn relay_connections_plan_for_the_table_as_it_is() {
     let db = TestDb::migrated().await;
     let store = store(&db);
     let client = store.client().await.expect("pooled connection");
-    let mode: String = client
-        .query_one("SHOW plan_cache_mode", &[])
-        .await
-        .expect("show")
-        .get(0);
-    assert_eq!(mode, "force_custom_plan");
-    let bitmap: String = client
-        .query_one("SHOW enable_bitmapscan", &[])
-        .await
-        .expect("show")
-        .get(0);
-    assert_eq!(bitmap, "off");
+    for (setting, expected) in [
+        ("plan_cache_mode", "force_custom_plan"),
+        ("enable_bitmapscan", "off"),
+    ] {
+        let value: String = client
+            .query_one(&format!("SHOW {setting}"), &[])
+            .await
+            .expect("show")
+            .get(0);
+        assert_eq!(value, expected, "{setting}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
