@@ -158,13 +158,16 @@ impl BenchDb {
         Ok(())
     }
 
-    async fn set_fillfactor(&self, fillfactor: u32) -> Result<(), Error> {
-        self.client
-            .batch_execute(&format!(
-                "ALTER TABLE outbox_event SET (fillfactor = {fillfactor})"
-            ))
-            .await?;
-        Ok(())
+    /// The drain runs' table: `--rows` rows, at `--fillfactor` if given.
+    async fn prefill_for_drain(&self, options: &Options) -> Result<(), Error> {
+        if let Some(fillfactor) = options.fillfactor {
+            self.client
+                .batch_execute(&format!(
+                    "ALTER TABLE outbox_event SET (fillfactor = {fillfactor})"
+                ))
+                .await?;
+        }
+        self.prefill(options.rows).await
     }
 
     async fn unpublished(&self) -> Result<i64, Error> {
@@ -431,10 +434,7 @@ struct Drain {
 async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
     let db = BenchDb::create(options).await?;
     let broker = Broker::create(options).await?;
-    if let Some(fillfactor) = options.fillfactor {
-        db.set_fillfactor(fillfactor).await?;
-    }
-    db.prefill(options.rows).await?;
+    db.prefill_for_drain(options).await?;
     let arrivals = broker.consume().await?;
     let meter = Meter::start();
     let mut relays: Vec<Child> = (0..replicas)
@@ -625,10 +625,7 @@ async fn naive_relay(options: &Options) -> Result<Run, Error> {
 async fn lock_relay(options: &Options) -> Result<Run, Error> {
     let db = BenchDb::create(options).await?;
     let broker = Broker::create(options).await?;
-    if let Some(fillfactor) = options.fillfactor {
-        db.set_fillfactor(fillfactor).await?;
-    }
-    db.prefill(options.rows).await?;
+    db.prefill_for_drain(options).await?;
     let arrivals = broker.consume().await?;
     let meter = Meter::start();
     let mut loops = Vec::new();
