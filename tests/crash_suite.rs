@@ -4,8 +4,10 @@
 //! terminated. Then the chaos stops, the relays finish, and the suite
 //! checks what a user relies on:
 //!
-//! - every row is published, none quarantined;
-//! - every event reached the consumer, and nothing else did;
+//! - every row is published, none quarantined — except the unroutable
+//!   rows mixed in (1% of the RabbitMQ run, an event type no queue is
+//!   bound to): none of those is ever marked published;
+//! - every routable event reached the consumer, and nothing else did;
 //! - duplicates happened only where a crash, a cut, a terminated backend
 //!   or a failed publish left a publish unrecorded (bounded by the rows in
 //!   flight at those moments), and never more often than the row was
@@ -79,7 +81,13 @@ struct Scenario {
     /// yet recorded at any moment.
     workers: usize,
     ordering: bool,
+    /// Every n-th event (0: none) has an event type no queue is bound to.
+    unroutable_every: i64,
 }
+
+/// The event type of the rows the broker cannot route (the suite's queue
+/// is bound to `chaos.#`).
+const UNROUTABLE: &str = "unrouted.event";
 
 fn seed() -> u64 {
     std::env::var("OUTBOX_CRASH_SEED")
@@ -129,7 +137,8 @@ fn amqp_addr() -> SocketAddr {
 /// and rows are never inserted behind rows already published.
 fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHandle<()> {
     let url = db.url.clone();
-    let (events, aggregates) = (scenario.events, scenario.aggregates);
+    let (events, aggregates, unroutable_every) =
+        (scenario.events, scenario.aggregates, scenario.unroutable_every);
     let chunks = 100_i64;
     let pause = scenario.produce_for / chunks as u32;
     tokio::spawn(async move {
@@ -149,10 +158,12 @@ fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHandle<(
             client
                 .execute(
                     "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
-                     SELECT gen_random_uuid(), 'chaos.test', 'agg-' || (n % $3),
+                     SELECT gen_random_uuid(),
+                            CASE WHEN $5::bigint > 0 AND n % $5::bigint = 0 THEN $6 ELSE 'chaos.test' END,
+                            'agg-' || (n % $3),
                             jsonb_build_object('n', n), $4::timestamptz + n * interval '1 millisecond'
                      FROM generate_series($1::bigint, $2::bigint) AS n",
-                    &[&from, &to, &aggregates, &base],
+                    &[&from, &to, &aggregates, &base, &unroutable_every, &UNROUTABLE],
                 )
                 .await
                 .expect("produce events");
@@ -201,7 +212,11 @@ async fn all_published(db: &TestDb) {
     let next_report = &std::cell::Cell::new(Instant::now() + Duration::from_secs(10));
     let what = "every row published once the chaos stopped";
     eventually(SETTLE, what, || async move {
-        let pending = db.count("published_at IS NULL AND quarantined_at IS NULL").await;
+        let pending = db
+            .count(&format!(
+                "published_at IS NULL AND quarantined_at IS NULL AND event_type <> '{UNROUTABLE}'"
+            ))
+            .await;
         if pending > 0 && Instant::now() >= next_report.get() {
             next_report.set(Instant::now() + Duration::from_secs(10));
             report_backlog(db, pending).await;
@@ -605,7 +620,7 @@ async fn publish_fence(broker: &TestBroker) {
     channel
         .basic_publish(
             broker.exchange.as_str().into(),
-            "fence".into(),
+            "chaos.fence".into(),
             BasicPublishOptions::default(),
             b"{}",
             BasicProperties::default().with_message_id(FENCE.into()),
@@ -754,13 +769,36 @@ async fn verify(
     chaos: &ChaosLog,
     one_publish_per_attempt: bool,
 ) {
-    let events = usize::try_from(scenario.events).unwrap();
     assert_eq!(
         db.count("true").await,
         scenario.events,
         "the producer inserted every event"
     );
-    assert_eq!(db.count("published_at IS NULL").await, 0, "every row published");
+    let unroutable_rows = db.ids_where(&format!("event_type = '{UNROUTABLE}'")).await;
+    let routable = scenario.events - i64::try_from(unroutable_rows.len()).unwrap();
+    let events = usize::try_from(routable).unwrap();
+    assert_eq!(
+        db.count(&format!("published_at IS NULL AND event_type <> '{UNROUTABLE}'"))
+            .await,
+        0,
+        "every routable row published"
+    );
+    assert_eq!(
+        db.count(&format!(
+            "published_at IS NOT NULL AND event_type = '{UNROUTABLE}'"
+        ))
+        .await,
+        0,
+        "no unroutable row marked published"
+    );
+    assert_eq!(
+        db.count(&format!(
+            "event_type = '{UNROUTABLE}' AND (attempt_count = 0 OR last_error NOT LIKE '%NO_ROUTE%')"
+        ))
+        .await,
+        0,
+        "every unroutable row was tried, and failed as unroutable"
+    );
     assert_eq!(
         db.count("quarantined_at IS NOT NULL").await,
         0,
@@ -769,8 +807,9 @@ async fn verify(
     let rows: Vec<Row> = db
         .client
         .query(
-            "SELECT id, aggregate_id, attempt_count FROM outbox_event ORDER BY created_at, id",
-            &[],
+            "SELECT id, aggregate_id, attempt_count FROM outbox_event
+             WHERE event_type <> $1 ORDER BY created_at, id",
+            &[&UNROUTABLE],
         )
         .await
         .expect("read the table")
@@ -790,6 +829,12 @@ async fn verify(
         ledger.malformed
     );
     let received: HashSet<Uuid> = ledger.deliveries.iter().map(|(id, _)| *id).collect();
+    let undeliverable: Vec<&Uuid> = received.intersection(&unroutable_rows).collect();
+    assert!(
+        undeliverable.is_empty(),
+        "{} unroutable rows reached the consumer",
+        undeliverable.len()
+    );
     let unknown: Vec<&Uuid> = received.iter().filter(|id| !by_id.contains_key(id)).collect();
     assert!(
         unknown.is_empty(),
@@ -881,12 +926,13 @@ async fn verify(
         .map(|(phase, at)| format!("{phase} at {:.1}s", (*at - started).as_secs_f64()))
         .collect();
     eprintln!(
-        "crash suite [{}, ordering={}, seed={seed}]: events={events} kills={} cuts={} \
+        "crash suite [{}, ordering={}, seed={seed}]: events={events} unroutable={} kills={} cuts={} \
          terminations={} (backends {}) failed_publish_rows={} duplicates_delivered={duplicates} (bound {bound}) \
          consumer_crashes={} (before commit {}, after commit {}) duplicates_skipped={} \
          duplicate_effects={duplicate_effects} aggregates_out_of_order={} max_attempts={} runtime={:.1}s ({})",
         scenario.name,
         if scenario.ordering { "aggregate" } else { "none" },
+        unroutable_rows.len(),
         chaos.kills,
         chaos.cuts,
         chaos.terminations,
@@ -903,8 +949,8 @@ async fn verify(
     );
 
     assert_eq!(duplicate_effects, 0, "an event's effect was applied twice");
-    assert_eq!(effects, scenario.events, "every event applied");
-    assert_eq!(marks, scenario.events, "one processed_message mark per event");
+    assert_eq!(effects, routable, "every event applied");
+    assert_eq!(marks, routable, "one processed_message mark per event");
     assert_eq!(ledger.applied, events, "one committed First claim per event");
     assert_eq!(
         ledger.applied + ledger.rolled_back + ledger.skipped,
@@ -944,7 +990,7 @@ async fn rabbitmq_under_chaos(scenario: Scenario) {
     let mut rng = StdRng::seed_from_u64(seed);
     let db = TestDb::migrated().await;
     let consumer_db = consumer_database().await;
-    let broker = TestBroker::create("#").await;
+    let broker = TestBroker::create("chaos.#").await;
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let stop = CancellationToken::new();
     let consumer = start_amqp_consumer(&broker, &consumer_db, seed, ledger.clone(), stop.clone());
@@ -1010,6 +1056,7 @@ async fn rabbitmq_relays_killed_and_cut_at_random_lose_nothing_and_effects_apply
         publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
         workers: 4,
         ordering: false,
+        unroutable_every: 100,
     })
     .await;
 }
@@ -1027,6 +1074,8 @@ async fn rabbitmq_with_aggregate_ordering_first_deliveries_stay_in_order_under_c
         publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
         workers: 4,
         ordering: true,
+        // An unroutable row would stall its aggregate until quarantine.
+        unroutable_every: 0,
     })
     .await;
 }
@@ -1053,6 +1102,8 @@ async fn sqs_fifo_with_aggregate_ordering_under_chaos_keeps_group_order_and_appl
         // more requests at once, only longer queues and more timeouts.
         workers: 1,
         ordering: true,
+        // SQS has no routing: every message lands in the queue.
+        unroutable_every: 0,
     };
     let started = Instant::now();
     let seed = seed();

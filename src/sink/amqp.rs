@@ -11,6 +11,7 @@
 //! timed-out batch's channel is dropped with its late confirms instead of
 //! leaving them to a later batch.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::future::{join_all, BoxFuture};
@@ -20,6 +21,7 @@ use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
+use uuid::Uuid;
 
 use super::{truncate_reason, Outcome, Sink, SinkError};
 use crate::config::AmqpConfig;
@@ -245,21 +247,29 @@ impl AmqpSink {
             }
         }
         let (indexes, confirms): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
-        for (index, confirmation) in indexes.into_iter().zip(join_all(confirms).await) {
-            outcomes[index] = Some(match confirmation {
-                Ok(Confirmation::Ack(None)) => Outcome::Published,
-                Ok(Confirmation::Ack(Some(returned))) | Ok(Confirmation::Nack(Some(returned))) => {
-                    Outcome::Retry(truncate_reason(&format!(
-                        "returned by RabbitMQ as unroutable: {} {} (exchange '{}', routing key '{}')",
-                        returned.reply_code,
-                        returned.reply_text,
-                        self.config.exchange,
-                        returned.delivery.routing_key
-                    )))
+        let confirmations = join_all(confirms).await;
+        let returns = Returns::collect(&confirmations, events, &self.config.exchange);
+        if let Some(stray) = &returns.stray {
+            // Some message of this batch may have gone nowhere and we cannot
+            // tell which: marking any row could lose it, so all are retried.
+            let reason = truncate_reason(&format!(
+                "RabbitMQ returned a message that names no row of this batch ({stray}); the whole batch is retried"
+            ));
+            warn!(%reason, "unattributable basic.return");
+            return vec![Outcome::Retry(reason); events.len()];
+        }
+        for (index, confirmation) in indexes.into_iter().zip(confirmations) {
+            let returned = returns.reason_for(&events[index].id);
+            outcomes[index] = Some(match (confirmation, returned) {
+                (Ok(Confirmation::Ack(_)), None) => Outcome::Published,
+                (Ok(Confirmation::Ack(_) | Confirmation::Nack(_)), Some(unroutable)) => {
+                    Outcome::Retry(unroutable.clone())
                 }
-                Ok(Confirmation::Nack(None)) => Outcome::Retry("nacked by RabbitMQ".to_owned()),
-                Ok(Confirmation::NotRequested) => Outcome::Retry("channel is not in confirm mode".to_owned()),
-                Err(e) => {
+                (Ok(Confirmation::Nack(_)), None) => Outcome::Retry("nacked by RabbitMQ".to_owned()),
+                (Ok(Confirmation::NotRequested), _) => {
+                    Outcome::Retry("channel is not in confirm mode".to_owned())
+                }
+                (Err(e), _) => {
                     broken.get_or_insert_with(|| e.to_string());
                     Outcome::Retry(truncate_reason(&format!("confirm not received: {e}")))
                 }
@@ -279,6 +289,74 @@ impl AmqpSink {
             .into_iter()
             .map(|outcome| outcome.unwrap_or_else(|| Outcome::Retry("not attempted".to_owned())))
             .collect()
+    }
+}
+
+/// The `basic.return`s of one batch, attributed to rows by message id.
+///
+/// lapin hands each return to whichever confirmation it resolves next; with
+/// many publishes outstanding and acks that confirm several delivery tags at
+/// once, that is often another message's confirmation. So a return is never
+/// read as news about the confirmation that carries it: every confirmation
+/// of the batch is searched, and the returned message's own `message_id`
+/// (the event id) names the row it belongs to. RabbitMQ sends a mandatory
+/// message's return before its ack, so once every ack of the batch has
+/// arrived, every return of the batch is among them.
+struct Returns {
+    /// Event id → why it came back.
+    unroutable: HashMap<Uuid, String>,
+    /// A return that names no row of this batch, described.
+    stray: Option<String>,
+}
+
+impl Returns {
+    fn collect(
+        confirmations: &[Result<Confirmation, lapin::Error>],
+        events: &[Event],
+        exchange: &str,
+    ) -> Self {
+        let batch: HashSet<Uuid> = events.iter().map(|event| event.id).collect();
+        let mut returns = Self {
+            unroutable: HashMap::new(),
+            stray: None,
+        };
+        let carried = confirmations
+            .iter()
+            .filter_map(|confirmation| match confirmation {
+                Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Some(returned),
+                _ => None,
+            });
+        for returned in carried {
+            let reason = truncate_reason(&format!(
+                "returned by RabbitMQ as unroutable: {} {} (exchange '{exchange}', routing key '{}')",
+                returned.reply_code, returned.reply_text, returned.delivery.routing_key
+            ));
+            let message_id = returned
+                .delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str());
+            let row = message_id
+                .and_then(|id| Uuid::parse_str(id).ok())
+                .filter(|id| batch.contains(id));
+            match row {
+                Some(id) => {
+                    returns.unroutable.insert(id, reason);
+                }
+                None => {
+                    returns.stray.get_or_insert_with(|| match message_id {
+                        Some(id) => format!("message_id {id}"),
+                        None => "no message_id".to_owned(),
+                    });
+                }
+            }
+        }
+        returns
+    }
+
+    fn reason_for(&self, event_id: &Uuid) -> Option<&String> {
+        self.unroutable.get(event_id)
     }
 }
 
