@@ -20,12 +20,9 @@
 //! - [`cli`] — the command line, and the `run` command that wires it all.
 //! - [`outage`] — logging an outage once, not on every retry.
 //! - [`telemetry`] — logging.
-//! - [`consumer`] — not used by the relay: a library for consumers, to apply each message once
-//!   (deduplication on the message id in `processed_message`).
 
 pub mod cli;
 pub mod config;
-pub mod consumer;
 pub mod http;
 pub mod maintenance;
 pub mod metrics;

@@ -12,7 +12,7 @@
 //!   or a failed publish left a publish unrecorded (bounded by the rows in
 //!   flight at those moments), and never more often than the row was
 //!   claimed;
-//! - the consumer, deduplicating with `outbox_relay::consumer`, applied
+//! - the consumer, deduplicating with `outbox_consumer`, applied
 //!   every event exactly once, although the broker delivered duplicates
 //!   and the consumer itself "crashed" (rolled back, or left a committed
 //!   message unacknowledged) on some deliveries;
@@ -43,7 +43,7 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use outbox_relay::consumer::{self, Claim, Deduplicator};
+use outbox_consumer::{self as consumer, Claim, Deduplicator};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_postgres::types::Type;

@@ -22,7 +22,7 @@
 -- consumer_name lets several consumers (services, or independent handlers
 -- in one service) share the table, each deduplicating on its own.
 --
--- Apply it with `outbox_relay::consumer::migrate`, or run this file with
+-- Apply it with `outbox_consumer::migrate`, or run this file with
 -- your own migration tool: it is idempotent.
 CREATE TABLE IF NOT EXISTS processed_message (
     consumer_name TEXT NOT NULL,

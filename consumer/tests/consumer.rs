@@ -1,4 +1,4 @@
-//! The consumer library (`outbox_relay::consumer`) against the real
+//! The consumer library (`outbox_consumer`) against the real
 //! PostgreSQL: a message's effect is applied once, however often it comes,
 //! and retention forgets only old marks.
 
@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, TestDb};
-use outbox_relay::consumer::{self, Claim, Deduplicator};
+use outbox_consumer::{self as consumer, Claim, Deduplicator};
 use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 
@@ -286,7 +286,7 @@ async fn purge_reads_only_the_marks_it_deletes() {
         )
         .await
         .unwrap();
-    let explain = format!("EXPLAIN {}", include_str!("../src/consumer/sql/purge.sql"));
+    let explain = format!("EXPLAIN {}", include_str!("../src/sql/purge.sql"));
     let statement = db
         .client
         .prepare_typed(

@@ -8,7 +8,7 @@
 //! consumer did not acknowledge, or when an operator runs `replay`. A
 //! consumer whose effects live in PostgreSQL deduplicates by recording the
 //! ids it has applied in `processed_message` (created by [`migrate`], SQL in
-//! `migrations/consumer/0001_processed_message.sql`), **in the same
+//! `migrations/0001_processed_message.sql`), **in the same
 //! transaction as the effect**:
 //!
 //! 1. begin a transaction;
@@ -26,7 +26,7 @@
 //! table's primary key: exactly one transaction gets `First`.
 //!
 //! ```no_run
-//! use outbox_relay::consumer::{self, Claim, Deduplicator};
+//! use outbox_consumer::{Claim, Deduplicator};
 //! use tokio_postgres::{Client, NoTls};
 //! use uuid::Uuid;
 //!
@@ -49,7 +49,7 @@
 //! # async fn start() -> Result<(), tokio_postgres::Error> {
 //! let (mut client, connection) = tokio_postgres::connect("postgres://app@db/app", NoTls).await?;
 //! tokio::spawn(connection);
-//! consumer::migrate(&client).await?;
+//! outbox_consumer::migrate(&client).await?;
 //! let dedup = Deduplicator::new("billing");
 //! handle(&mut client, &dedup, Uuid::new_v4(), 10).await?;
 //! // Now and then: forget marks older than any message can come back.
@@ -77,10 +77,10 @@ use uuid::Uuid;
 /// The consumer migration, for projects that run migrations with their own
 /// tool: idempotent (`IF NOT EXISTS`), creates `processed_message` and its
 /// retention index. [`migrate`] applies the same text.
-pub const MIGRATION_SQL: &str = include_str!("../migrations/consumer/0001_processed_message.sql");
+pub const MIGRATION_SQL: &str = include_str!("../migrations/0001_processed_message.sql");
 
-const CLAIM_SQL: &str = include_str!("consumer/sql/claim.sql");
-const PURGE_SQL: &str = include_str!("consumer/sql/purge.sql");
+const CLAIM_SQL: &str = include_str!("sql/claim.sql");
+const PURGE_SQL: &str = include_str!("sql/purge.sql");
 
 /// Creates `processed_message` and its index if they are missing.
 ///

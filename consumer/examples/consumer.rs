@@ -1,5 +1,5 @@
 //! A RabbitMQ consumer of outbox-relay's messages that applies each event
-//! once, with `outbox_relay::consumer`.
+//! once, with `outbox_consumer`.
 //!
 //! For every delivery: begin a transaction → claim the message id → apply
 //! the effect only if the claim is the first → commit → acknowledge. A
@@ -13,7 +13,7 @@
 //! ```text
 //! CONSUMER_DATABASE_URL=postgres://postgres@localhost:5432/postgres \
 //! CONSUMER_QUEUE=orders-projection CONSUMER_BINDING_KEY='order.#' \
-//!     cargo run --example consumer
+//!     cargo run -p outbox-consumer --example consumer
 //! ```
 //!
 //! | variable | default | meaning |
@@ -40,7 +40,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
-use outbox_relay::consumer::{self, Claim, Deduplicator};
+use outbox_consumer::{Claim, Deduplicator};
 use tokio_postgres::{Client, NoTls};
 use tracing::{error, info, warn};
 use uuid::Uuid;
@@ -170,7 +170,7 @@ async fn main() -> Result<()> {
     let dedup = Deduplicator::new(settings.consumer_name.clone());
 
     let mut client = connect_db(&settings.database_url).await?;
-    consumer::migrate(&client)
+    outbox_consumer::migrate(&client)
         .await
         .context("creating processed_message")?;
     client
