@@ -1,7 +1,7 @@
 -- The function behind the optional NOTIFY trigger, which wakes idle relays
 -- when rows are inserted. Whether the trigger itself is installed is a
 -- setting (`OUTBOX_NOTIFY_TRIGGER`, applied by every `migrate`), because
--- NOTIFY costs producers: see the README's Performance section.
+-- NOTIFY costs producers: see docs/performance.md.
 --
 -- It is a hint only: relays still poll every OUTBOX_POLL_INTERVAL, so a lost
 -- notification (or no trigger at all) delays rows, never loses them.
