@@ -268,9 +268,11 @@ impl Relay {
             }
         }
         // One line per batch at warn: a broker refusing everything must not
-        // turn into a line per row. Each row is at debug.
+        // turn into a line per row. Each row is at debug. The `report` field
+        // is for machines (log pipelines, the crash suite): stable, unlike
+        // the message text.
         if let Some((_, reason, _)) = decisions.retry.first() {
-            warn!(rows = decisions.retry.len(), first_reason = %reason, "publish failed; rows will be retried with backoff");
+            warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %reason, "publish failed; rows will be retried with backoff");
         }
         for (id, reason, delay) in &decisions.retry {
             debug!(event_id = %id, %reason, retry_in_ms = delay.as_millis() as u64, "publish failed; will retry");
@@ -352,7 +354,7 @@ impl Relay {
                 deadline
             };
             if Instant::now() + delay >= give_up_at {
-                warn!(outcome = ?step, %error, "could not record outcomes before the lease ran out; those rows will be published again");
+                warn!(report = "outcomes_unrecorded", outcome = ?step, %error, "could not record outcomes before the lease ran out; those rows will be published again");
                 return;
             }
             tokio::time::sleep(delay).await;

@@ -278,13 +278,14 @@ fn start_relay(
             };
             // Fields are at the top level (flattened) or under "fields".
             let fields = entry.get("fields").unwrap_or(&entry);
-            let message = fields["message"].as_str().unwrap_or_default();
-            if message.starts_with("publish failed; rows will be retried") {
+            // The relay's `report` field, not its wording, says what a line is.
+            let report = fields["report"].as_str().unwrap_or_default();
+            if report == "publish_failed" {
                 let rows = fields["rows"].as_u64().unwrap_or(BATCH as u64);
                 reports
                     .failed_publish_rows
                     .fetch_add(usize::try_from(rows).unwrap_or(BATCH), AtomicOrdering::SeqCst);
-            } else if message.starts_with("could not record outcomes") {
+            } else if report == "outcomes_unrecorded" {
                 reports.unrecorded_batches.fetch_add(1, AtomicOrdering::SeqCst);
             }
         }
