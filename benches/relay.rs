@@ -31,8 +31,8 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::Confirmation;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use outbox_relay::event::Event;
 use outbox_relay::sink::amqp::AmqpSink;
-use outbox_relay::store::Event;
 use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 

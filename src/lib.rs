@@ -10,19 +10,31 @@
 //! ```
 //!
 //! Modules:
-//! - [`config`] — settings from the environment and flags → validated [`config::Config`].
-//! - [`store`] — every SQL statement (files in `src/store/sql/`) and the embedded migrations.
-//! - [`sink`] — the [`sink::Sink`] contract and its RabbitMQ and SQS implementations.
-//! - [`relay`] — the loop, claim → publish → record outcomes.
-//! - [`retry`] — the backoff rule, a pure function of the attempt.
+//! - [`config`] — settings from the environment and flags → validated [`config::Config`];
+//!   parsing only, each variable's name written once ([`config::var`]).
+//! - [`app`] — wiring of `outbox-relay run`: loop, LISTEN, maintenance, HTTP, shutdown.
+//! - [`event`] — [`event::Event`], one outbox row as the relay reads it.
+//! - [`relay`] — the loop, claim → publish → record outcomes; `relay::decide` maps outcomes to
+//!   published / retry / quarantine.
+//! - [`store`] — every SQL statement (files in `src/store/sql/`), the table and database
+//!   settings, the embedded migrations, LISTEN.
+//! - [`sink`] — the [`sink::Sink`] contract and one folder per broker: [`sink::amqp`],
+//!   [`sink::sqs`].
+//! - [`retry`] — a row's backoff between attempts, a pure function of the attempt.
+//! - [`outage`] — a dependency outage, logged once, waited out with the one in-process retry
+//!   policy.
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.
 //! - [`maintenance`] — the backlog gauges' refresher and retention of published rows.
-//! - [`cli`] — the command line, and the `run` command that wires it all.
-//! - [`outage`] — logging an outage once, not on every retry.
+//! - [`cli`] — the command line and the admin commands.
 //! - [`telemetry`] — logging.
+//!
+//! The consumer's half (deduplicating on the message id) is the separate
+//! `outbox-consumer` crate, so consumers do not depend on this one.
 
+pub mod app;
 pub mod cli;
 pub mod config;
+pub mod event;
 pub mod http;
 pub mod maintenance;
 pub mod metrics;

@@ -2,7 +2,14 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// Log output format (`OUTBOX_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber. The default level is `info`.
 pub fn init(format: LogFormat) {

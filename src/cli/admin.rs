@@ -22,7 +22,7 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use super::CliError;
-use crate::config::{describe_pg, DatabaseConfig};
+use crate::store::{describe_pg, DatabaseConfig};
 use crate::store::{Backlog, QuarantinedRow, Store, StoreError};
 
 /// The window of the "published last hour" figure of `status`.

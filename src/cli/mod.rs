@@ -5,30 +5,25 @@
 pub mod admin;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{error, info};
+use tracing::info;
 use uuid::Uuid;
 
 use crate::config::{
-    describe_pg, Config, ConfigError, DatabaseSettings, LogFormat, RelaySettings, SinkSettings,
+    parse_log_format, var, Config, ConfigError, DatabaseSettings, MigrateSettings, RelaySettings,
+    ServiceSettings, SinkSettings,
 };
-use crate::http::HttpState;
-use crate::metrics::Metrics;
-use crate::relay::Relay;
-use crate::store::Store;
+use crate::store::{describe_pg, Store};
 
 /// Command-line interface of `outbox-relay`.
 #[derive(Debug, Parser)]
 #[command(name = "outbox-relay", version, about, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     /// Log format: `text` or `json`; the level comes from `RUST_LOG`.
-    #[arg(long, env = "OUTBOX_LOG_FORMAT", default_value = "text", global = true)]
+    #[arg(long, env = var::LOG_FORMAT, default_value = "text", global = true)]
     pub log_format: String,
 
     /// What to do; `run` when omitted.
@@ -49,6 +44,8 @@ pub struct RunArgs {
     sink: SinkSettings,
     #[command(flatten)]
     relay: RelaySettings,
+    #[command(flatten)]
+    service: ServiceSettings,
 }
 
 impl RunArgs {
@@ -58,6 +55,8 @@ impl RunArgs {
             database: self.database.validate()?,
             sink: self.sink.validate()?,
             relay: self.relay.validate()?,
+            retention: self.service.retention()?,
+            http_addr: self.service.http_addr()?,
         })
     }
 }
@@ -68,7 +67,7 @@ pub enum Command {
     /// Run the relay loop, retention and the HTTP endpoints until SIGTERM/SIGINT.
     Run(RunArgs),
     /// Apply the embedded migrations to the outbox table (idempotent).
-    Migrate(MigrateArgs),
+    Migrate(MigrateSettings),
     /// Validate the configuration and connect to the database and the sink.
     Check(RunArgs),
     /// Backlog, oldest unpublished age, quarantined rows, recent throughput.
@@ -99,18 +98,6 @@ pub enum Command {
         #[arg(long)]
         event_type: Option<String>,
     },
-}
-
-/// Settings of `migrate`.
-#[derive(Debug, Clone, Args)]
-pub struct MigrateArgs {
-    #[command(flatten)]
-    database: DatabaseSettings,
-
-    /// `on` installs the trigger that NOTIFYs relays of new rows (low idle
-    /// latency, a cost for concurrent producers); `off` removes it.
-    #[arg(long, env = "OUTBOX_NOTIFY_TRIGGER", default_value = "on")]
-    notify_trigger: String,
 }
 
 /// `quarantine` actions.
@@ -162,7 +149,7 @@ impl CliError {
 
 /// Runs the parsed command line and returns the process exit status.
 pub fn execute(cli: Cli) -> ExitCode {
-    let format = match LogFormat::parse(&cli.log_format) {
+    let format = match parse_log_format(&cli.log_format) {
         Ok(format) => format,
         Err(e) => {
             eprintln!("outbox-relay: {e}");
@@ -188,8 +175,8 @@ pub fn execute(cli: Cli) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        None => run(cli.run.validate()?).await,
-        Some(Command::Run(args)) => run(args.validate()?).await,
+        None => Ok(crate::app::run(cli.run.validate()?).await?),
+        Some(Command::Run(args)) => Ok(crate::app::run(args.validate()?).await?),
         Some(Command::Migrate(args)) => migrate(args).await,
         Some(Command::Check(args)) => check(args.validate()?).await,
         Some(Command::Status { database, json }) => admin::status(database.validate()?, json).await,
@@ -215,19 +202,8 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-async fn migrate(args: MigrateArgs) -> Result<(), CliError> {
-    let database = args.database.validate()?;
-    let notify_trigger = match args.notify_trigger.trim() {
-        "on" | "true" => true,
-        "off" | "false" => false,
-        other => {
-            return Err(ConfigError {
-                variable: "OUTBOX_NOTIFY_TRIGGER",
-                problem: format!("'{other}' is not one of on, off"),
-            }
-            .into())
-        }
-    };
+async fn migrate(args: MigrateSettings) -> Result<(), CliError> {
+    let (database, notify_trigger) = args.validate()?;
     let store = Store::new(&database, 1);
     let mut client = store
         .client()
@@ -262,100 +238,4 @@ async fn check(config: Config) -> Result<(), CliError> {
         sink.kind()
     );
     Ok(())
-}
-
-/// Connections a replica needs: per worker one for its claim or its
-/// outcomes (a batch with failures records up to three statements at once,
-/// borrowing what idle workers leave), plus readiness probes and the
-/// maintenance tasks.
-fn pool_size(workers: u32) -> usize {
-    workers as usize * 2 + 3
-}
-
-async fn run(config: Config) -> Result<(), CliError> {
-    let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone());
-    serve(config, shutdown).await
-}
-
-/// Runs the relay, retention and the HTTP endpoints until `shutdown` is
-/// cancelled; tests call this directly.
-pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<(), CliError> {
-    let listener = tokio::net::TcpListener::bind(config.relay.http_addr)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot listen on OUTBOX_HTTP_ADDR {}: {e}",
-                config.relay.http_addr
-            )
-        })?;
-    let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(Store::new(&config.database, pool_size(config.relay.workers)));
-    let sink: Arc<dyn crate::sink::Sink> = crate::sink::build(&config.sink)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .into();
-    info!(
-        database = %describe_pg(&config.database.pg),
-        table = %config.database.table,
-        sink = sink.kind(),
-        http = %config.relay.http_addr,
-        "starting"
-    );
-    let tasks = TaskTracker::new();
-    let http_state = HttpState {
-        metrics: metrics.clone(),
-        store: store.clone(),
-        sink: sink.clone(),
-    };
-    let http_shutdown = shutdown.clone();
-    tasks.spawn(async move {
-        if let Err(e) = crate::http::serve(listener, http_state, http_shutdown).await {
-            error!(error = %e, "HTTP server failed");
-        }
-    });
-    tasks.spawn(crate::maintenance::gauges::run(
-        store.clone(),
-        metrics.clone(),
-        crate::maintenance::gauges::REFRESH_INTERVAL,
-        shutdown.clone(),
-    ));
-    tasks.spawn(crate::maintenance::retention::run(
-        store.clone(),
-        config.relay.retention,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
-    let relay = Relay::new(store.clone(), sink.clone(), config.relay.clone(), metrics.clone());
-    tasks.spawn(crate::store::listen(
-        config.database.clone(),
-        relay.waker(),
-        shutdown.clone(),
-    ));
-    let relay_shutdown = shutdown.clone();
-    tasks.spawn(async move { relay.run(relay_shutdown).await });
-    tasks.close();
-    tasks.wait().await;
-    Ok(())
-}
-
-fn spawn_signal_handler(shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        let terminate = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut signal) => {
-                    signal.recv().await;
-                }
-                Err(e) => {
-                    error!(error = %e, "cannot listen for SIGTERM");
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::select! {
-            _ = terminate => info!("SIGTERM received; finishing the batch in flight"),
-            _ = tokio::signal::ctrl_c() => info!("SIGINT received; finishing the batch in flight"),
-        }
-        shutdown.cancel();
-    });
 }

@@ -11,8 +11,16 @@ pub mod sqs;
 use futures::future::BoxFuture;
 use thiserror::Error;
 
-use crate::config::SinkConfig;
-use crate::store::Event;
+use crate::event::Event;
+
+/// Which sink publishes events, with its validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkConfig {
+    /// RabbitMQ through an exchange, with publisher confirms.
+    RabbitMq(amqp::AmqpConfig),
+    /// Amazon SQS, standard or FIFO.
+    Sqs(sqs::SqsConfig),
+}
 
 /// What happened to one event of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +44,12 @@ pub trait Sink: Send + Sync {
     /// Publishes a batch and returns exactly one outcome per event, in the
     /// order of `events`. Never fails as a whole: a broken connection is a
     /// `Retry` for every event it affected.
+    ///
+    /// A sink pairs each broker answer with its event by the event's
+    /// identity (its index in `events` carried through the request, an SQS
+    /// entry `Id`, a returned message's `message_id`), never by the order
+    /// in which answers happen to arrive: a row is `Published` only on its
+    /// own confirmation.
     fn publish<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>>;
 
     /// Connects if needed and checks the broker answers.
@@ -51,33 +65,5 @@ pub async fn build(config: &SinkConfig) -> Result<Box<dyn Sink>, SinkError> {
     match config {
         SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone()))),
         SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs).await?)),
-    }
-}
-
-/// Keeps error texts stored in `last_error` short and on one line.
-pub fn truncate_reason(reason: &str) -> String {
-    const MAX: usize = 1000;
-    let one_line = reason.replace(['\n', '\r'], " ");
-    if one_line.len() <= MAX {
-        return one_line;
-    }
-    let mut end = MAX;
-    while !one_line.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &one_line[..end])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reasons_are_single_line_and_bounded() {
-        assert_eq!(truncate_reason("a\nb"), "a b");
-        let long = "é".repeat(2000);
-        let cut = truncate_reason(&long);
-        assert!(cut.len() <= 1000 + '…'.len_utf8());
-        assert!(cut.ends_with('…'));
     }
 }

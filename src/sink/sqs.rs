@@ -40,9 +40,60 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use super::{truncate_reason, Outcome, Sink, SinkError};
-use crate::config::SqsConfig;
-use crate::store::Event;
+use super::{Outcome, Sink, SinkError};
+use crate::config::{var, ConfigError};
+use crate::event::Event;
+
+fn truncate_reason(reason: &str) -> String {
+    reason.to_owned()
+}
+
+/// SQS sink settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqsConfig {
+    /// Queue URL; a `.fifo` suffix means a FIFO queue.
+    pub queue_url: String,
+    /// Endpoint override for emulators.
+    pub endpoint_url: Option<String>,
+}
+
+impl SqsConfig {
+    /// Whether the queue is FIFO (by the AWS naming rule).
+    pub fn is_fifo(&self) -> bool {
+        self.queue_url.ends_with(".fifo")
+    }
+
+    /// Validates the SQS settings.
+    pub fn from_settings(queue_url: Option<&str>, endpoint_url: Option<&str>) -> Result<Self, ConfigError> {
+        let queue_url = queue_url
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| ConfigError::new(var::SQS_QUEUE_URL, "is required when OUTBOX_SINK=sqs"))?;
+        validate_http_url(queue_url).map_err(|e| ConfigError::new(var::SQS_QUEUE_URL, e))?;
+        let endpoint_url = match endpoint_url.map(str::trim) {
+            Some("") | None => None,
+            Some(endpoint) => {
+                validate_http_url(endpoint).map_err(|e| ConfigError::new(var::SQS_ENDPOINT_URL, e))?;
+                Some(endpoint.to_owned())
+            }
+        };
+        Ok(SqsConfig {
+            queue_url: queue_url.to_owned(),
+            endpoint_url,
+        })
+    }
+}
+
+fn validate_http_url(raw: &str) -> Result<(), String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("is not a valid URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("scheme '{}' is not http or https", url.scheme()));
+    }
+    if url.password().is_some() {
+        return Err("must not carry credentials; use the AWS credential chain".to_owned());
+    }
+    Ok(())
+}
 
 /// SQS takes at most 10 entries per `SendMessageBatch`.
 const MAX_ENTRIES: usize = 10;

@@ -11,8 +11,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::TableName;
 use super::{Store, StoreError};
-use crate::config::TableName;
 
 /// Bound on the cheap, index-served reads (gauges, `status`, one retention
 /// batch of 1,000 rows): far above their normal milliseconds, well below

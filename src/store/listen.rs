@@ -3,45 +3,27 @@
 //! relay worker. Polling stays the fallback, so this connection failing only
 //! costs latency; it reconnects with backoff and logs the outage once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use super::StoreError;
-use crate::config::DatabaseConfig;
-use crate::outage::Outage;
+use super::{DatabaseConfig, StoreError};
+use crate::outage::{sleep_or_cancel, Availability, Outage};
 
 /// Listens until `shutdown`, calling `wake.notify_one()` per notification.
 pub async fn listen(config: DatabaseConfig, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let mut outage = Outage::new("database (LISTEN)");
-    let mut delays = backoff();
+    let outage = Mutex::new(Outage::new("database (LISTEN)"));
+    let mut availability = Availability::new(&outage);
     while !shutdown.is_cancelled() {
-        match listen_once(&config, &wake, &shutdown, &mut outage).await {
-            Ok(()) => delays = backoff(),
-            Err(e) => {
-                outage.failed(&e);
-                let delay = delays.next().unwrap_or(Duration::from_secs(5));
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.cancelled() => {}
-                }
-            }
+        if let Err(e) = listen_once(&config, &wake, &shutdown, &mut availability).await {
+            let delay = availability.failed(&e);
+            sleep_or_cancel(delay, &shutdown).await;
         }
     }
-}
-
-fn backoff() -> backon::ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(5))
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
 
 /// One connection's life: returns `Ok` on shutdown, `Err` when it breaks.
@@ -49,7 +31,7 @@ async fn listen_once(
     config: &DatabaseConfig,
     wake: &Notify,
     shutdown: &CancellationToken,
-    outage: &mut Outage,
+    availability: &mut Availability<'_>,
 ) -> Result<(), StoreError> {
     let mut pg = config.pg.clone();
     if pg.get_connect_timeout().is_none() {
@@ -73,7 +55,7 @@ async fn listen_once(
             },
         }
     }
-    outage.succeeded();
+    availability.succeeded();
     // Rows inserted while this connection was down were not announced.
     wake.notify_one();
     loop {

@@ -3,7 +3,7 @@
 use tokio_postgres::Client;
 
 use super::StoreError;
-use crate::config::TableName;
+use super::TableName;
 
 /// One embedded migration: a version, a name and SQL with `{table}` (and
 /// index-name) placeholders.

@@ -5,20 +5,21 @@
 mod admin;
 mod listen;
 mod migrate;
+mod table;
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use thiserror::Error;
 use tokio_postgres::NoTls;
 use uuid::Uuid;
 
-use crate::config::{DatabaseConfig, Ordering, TableName};
+use crate::event::Event;
 
 pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
+pub use table::{describe_pg, DatabaseConfig, TableName};
 
 /// A database failure. The messages come from PostgreSQL or the driver and
 /// never include the connection password.
@@ -38,17 +39,6 @@ pub enum StoreError {
     Timeout(Duration),
 }
 
-impl StoreError {
-    /// Whether the failure is about reaching the database rather than about
-    /// the statement: the relay waits for an outage instead of counting it.
-    pub fn is_connection(&self) -> bool {
-        match self {
-            StoreError::Pool(_) | StoreError::Timeout(_) | StoreError::Closed => true,
-            StoreError::Query(e) => e.is_closed() || e.as_db_error().is_none(),
-        }
-    }
-}
-
 /// The driver's top-level messages ("db error", "error connecting to
 /// server") hide the reason in their sources; logs need the whole chain.
 pub fn with_causes(error: &dyn std::error::Error) -> String {
@@ -65,23 +55,14 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// One outbox row, as claimed for publishing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    /// Stable id: the message id on every broker.
-    pub id: Uuid,
-    /// The event that caused this one, if any.
-    pub causation_id: Option<Uuid>,
-    /// Event type, e.g. `order.created`.
-    pub event_type: String,
-    /// Aggregate the event belongs to (text, whatever the column type).
-    pub aggregate_id: String,
-    /// The payload exactly as PostgreSQL renders the JSONB as text.
-    pub payload: String,
-    /// The producer's `created_at`.
-    pub created_at: DateTime<Utc>,
-    /// Attempts begun so far, including the current one.
-    pub attempt_count: i32,
+/// Which rows a claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// Any due row; maximum throughput.
+    None,
+    /// Per `aggregate_id`, in `(created_at, id)` order: only a row whose
+    /// predecessors in its aggregate are all published.
+    Aggregate,
 }
 
 /// Rendered statements for one table.
@@ -288,22 +269,25 @@ impl Store {
     }
 
     /// Records failed attempts: each row's error and its delay before the
-    /// next attempt.
-    pub async fn reschedule(&self, failures: &[(Uuid, String, Duration)]) -> Result<u64, StoreError> {
-        let ids: Vec<Uuid> = failures.iter().map(|f| f.0).collect();
-        let errors: Vec<&str> = failures.iter().map(|f| f.1.as_str()).collect();
-        let delays: Vec<i64> = failures
+    /// next attempt (the three slices are columns of the same rows).
+    pub async fn reschedule(
+        &self,
+        ids: &[Uuid],
+        errors: &[&str],
+        delays: &[Duration],
+    ) -> Result<u64, StoreError> {
+        let errors = last_errors(errors);
+        let delays: Vec<i64> = delays
             .iter()
-            .map(|f| i64::try_from(f.2.as_millis()).unwrap_or(i64::MAX))
+            .map(|delay| i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
             .collect();
         self.execute(&self.sql.reschedule, &[&ids, &errors, &delays])
             .await
     }
 
-    /// Quarantines rows with their reasons.
-    pub async fn quarantine(&self, rows: &[(Uuid, String)]) -> Result<u64, StoreError> {
-        let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
-        let errors: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    /// Quarantines rows with their reasons (columns of the same rows).
+    pub async fn quarantine(&self, ids: &[Uuid], errors: &[&str]) -> Result<u64, StoreError> {
+        let errors = last_errors(errors);
         self.execute(&self.sql.quarantine, &[&ids, &errors]).await
     }
 
@@ -321,8 +305,42 @@ impl Store {
     }
 }
 
+/// `last_error` is for a person reading `quarantine list`: one line, and
+/// bounded, whatever a broker or driver put in its error text.
+fn last_errors(reasons: &[&str]) -> Vec<String> {
+    const MAX: usize = 1000;
+    reasons
+        .iter()
+        .map(|reason| {
+            let one_line = reason.replace(['\n', '\r'], " ");
+            if one_line.len() <= MAX {
+                return one_line;
+            }
+            let mut end = MAX;
+            while !one_line.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", &one_line[..end])
+        })
+        .collect()
+}
+
 async fn bounded<T>(work: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
     tokio::time::timeout(QUERY_TIMEOUT, work)
         .await
         .unwrap_or(Err(StoreError::Timeout(QUERY_TIMEOUT)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_errors_are_single_line_and_bounded() {
+        assert_eq!(last_errors(&["a\nb"]), vec!["a b"]);
+        let long = "é".repeat(2000);
+        let cut = &last_errors(&[&long])[0];
+        assert!(cut.len() <= 1000 + '…'.len_utf8());
+        assert!(cut.ends_with('…'));
+    }
 }

@@ -5,123 +5,77 @@
 //! come due again when their lease runs out. Outcomes are recorded with one
 //! set-based statement per kind (published, retry, quarantine) per batch.
 
+mod decide;
+
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::Utc;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::config::{OnPublish, RelayConfig};
+pub use decide::{decide, split_exhausted, Decisions, Quarantine, Retry};
+
+use crate::event::Event;
 use crate::metrics::Metrics;
-use crate::outage::Outage;
+use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::retry::Backoff;
-use crate::sink::{truncate_reason, Outcome, Sink};
-use crate::store::{Event, Store, StoreError};
+use crate::sink::{Outcome, Sink};
+use crate::store::{Ordering, Store, StoreError};
 
-/// What the relay will do with each row of a batch, decided from the
-/// sink's outcomes: the pure half of recording, kept apart for testing.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Decisions {
-    /// Confirmed by the broker.
-    pub published: Vec<Uuid>,
-    /// Failed; try again after the delay.
-    pub retry: Vec<(Uuid, String, Duration)>,
-    /// Out of attempts or rejected: stop claiming.
-    pub quarantine: Vec<(Uuid, String)>,
+/// What happens to a row once the broker confirmed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPublish {
+    /// Set `published_at` (retention deletes it later).
+    Mark,
+    /// Delete the row at once.
+    Delete,
 }
 
-/// Maps outcomes to decisions. `attempt_count` on each event already
-/// counts the current attempt (the claim incremented it).
-pub fn decide(events: &[Event], outcomes: Vec<Outcome>, max_attempts: u32, backoff: &Backoff) -> Decisions {
-    let mut decisions = Decisions::default();
-    for (event, outcome) in events.iter().zip(outcomes) {
-        let attempt = u32::try_from(event.attempt_count).unwrap_or(0);
-        match outcome {
-            Outcome::Published => decisions.published.push(event.id),
-            Outcome::Reject(reason) => decisions
-                .quarantine
-                .push((event.id, truncate_reason(&format!("rejected by sink: {reason}")))),
-            Outcome::Retry(reason) if attempt >= max_attempts => decisions.quarantine.push((
-                event.id,
-                truncate_reason(&format!("gave up after {attempt} attempts: {reason}")),
-            )),
-            Outcome::Retry(reason) => {
-                decisions
-                    .retry
-                    .push((event.id, truncate_reason(&reason), backoff.delay(attempt)))
-            }
-        }
-    }
-    decisions
+/// Validated relay-loop settings.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows claimed per batch.
+    pub batch_size: u32,
+    /// Longest idle sleep.
+    pub poll_interval: Duration,
+    /// Failed attempts before quarantine.
+    pub max_attempts: u32,
+    /// Bound on one batch's publish.
+    pub publish_timeout: Duration,
+    /// First backoff delay.
+    pub backoff_base: Duration,
+    /// Backoff cap.
+    pub backoff_max: Duration,
+    /// Mark or delete confirmed rows.
+    pub on_publish: OnPublish,
+    /// Ordering guarantee.
+    pub ordering: Ordering,
+    /// Batches in flight at once.
+    pub workers: u32,
 }
 
-/// Splits off rows whose earlier attempts all ended without an outcome
-/// being recorded (the relay died or was killed while publishing them):
-/// they are past their last attempt, so they are quarantined unpublished
-/// instead of crashing the relay once more.
-pub fn split_exhausted(events: Vec<Event>, max_attempts: u32) -> (Vec<Event>, Vec<(Uuid, String)>) {
-    let limit = i64::from(max_attempts);
-    let (exhausted, due): (Vec<Event>, Vec<Event>) = events
-        .into_iter()
-        .partition(|e| i64::from(e.attempt_count) > limit);
-    let quarantine = exhausted
-        .into_iter()
-        .map(|e| {
-            (
-                e.id,
-                format!(
-                    "{max_attempts} attempts began without an outcome being recorded (the relay stopped while publishing this row)"
-                ),
-            )
-        })
-        .collect();
-    (due, quarantine)
-}
-
-/// One worker's view of a dependency's outage: the outage itself is shared
-/// by all workers, so it is logged once per replica (see [`Outage`]); the
-/// retry delays (capped, jittered backoff) are the worker's own.
-struct Availability<'a> {
-    outage: &'a Mutex<Outage>,
-    delays: Option<backon::ExponentialBackoff>,
-}
-
-impl<'a> Availability<'a> {
-    fn new(outage: &'a Mutex<Outage>) -> Self {
-        Self { outage, delays: None }
-    }
-
-    /// Records a failure and returns how long to wait before trying again.
-    fn failed(&mut self, error: &dyn std::fmt::Display) -> Duration {
-        lock(self.outage).failed(error);
-        self.delays
-            .get_or_insert_with(|| {
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_delay(Duration::from_secs(5))
-                    .with_jitter()
-                    .without_max_times()
-                    .build()
-            })
-            .next()
-            .unwrap_or(Duration::from_secs(5))
-    }
-
-    fn succeeded(&mut self) {
-        if self.delays.take().is_some() {
-            lock(self.outage).succeeded();
-        }
+impl RelayConfig {
+    /// How long a claim keeps other replicas off a row. A relay that dies
+    /// mid-batch delays its rows by this much; a live relay always records
+    /// an outcome well before it runs out (the publish is bounded by
+    /// `publish_timeout`, recording by the rest).
+    pub fn lease(&self) -> Duration {
+        self.publish_timeout * 2 + Duration::from_secs(5)
     }
 }
 
-/// The outage state is plain data; a panic elsewhere cannot leave it
-/// inconsistent, so a poisoned lock is still usable.
-fn lock(outage: &Mutex<Outage>) -> std::sync::MutexGuard<'_, Outage> {
-    outage.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// How a batch's publish ended, as far as the loop cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchResult {
+    /// The sink answered for every row (whatever the answers were).
+    Answered,
+    /// The sink did not answer within `OUTBOX_PUBLISH_TIMEOUT`: the broker
+    /// is not keeping up, so the worker backs off before claiming again.
+    TimedOut,
 }
 
 /// The relay: a store, a sink and the loop between them.
@@ -224,7 +178,7 @@ impl Relay {
             // A batch that timed out means the broker is not keeping up:
             // claiming again at once would only add to its load and burn
             // more attempts, so this worker backs off first.
-            if self.process(batch, shutdown).await {
+            if self.process(batch, shutdown).await == BatchResult::TimedOut {
                 let delay = congestion.failed(&format_args!(
                     "a batch was not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                     self.config.publish_timeout
@@ -236,19 +190,18 @@ impl Relay {
         }
     }
 
-    /// Publishes one claimed batch and records its outcomes. Returns
-    /// whether the publish timed out.
-    pub async fn process(&self, batch: Vec<Event>, shutdown: &CancellationToken) -> bool {
+    /// Publishes one claimed batch and records its outcomes.
+    async fn process(&self, batch: Vec<Event>, shutdown: &CancellationToken) -> BatchResult {
         let claimed_at = Instant::now();
         let (batch, mut exhausted) = split_exhausted(batch, self.config.max_attempts);
-        let mut timed_out = false;
+        let mut result = BatchResult::Answered;
         let outcomes = if batch.is_empty() {
             Vec::new()
         } else {
             match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&batch)).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => {
-                    timed_out = true;
+                    result = BatchResult::TimedOut;
                     let reason = format!(
                         "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                         self.config.publish_timeout
@@ -261,8 +214,9 @@ impl Relay {
         let mut decisions = decide(&batch, outcomes, self.config.max_attempts, &self.backoff());
         decisions.quarantine.append(&mut exhausted);
 
+        let published: HashSet<&Uuid> = decisions.published.iter().collect();
         for event in &batch {
-            if decisions.published.contains(&event.id) {
+            if published.contains(&event.id) {
                 let lag = (confirmed_at - event.created_at).to_std().unwrap_or_default();
                 self.metrics.publish_lag.observe(lag.as_secs_f64());
             }
@@ -271,14 +225,14 @@ impl Relay {
         // turn into a line per row. Each row is at debug. The `report` field
         // is for machines (log pipelines, the crash suite): stable, unlike
         // the message text.
-        if let Some((_, reason, _)) = decisions.retry.first() {
-            warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %reason, "publish failed; rows will be retried with backoff");
+        if let Some(first) = decisions.retry.first() {
+            warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %first.reason, "publish failed; rows will be retried with backoff");
         }
-        for (id, reason, delay) in &decisions.retry {
-            debug!(event_id = %id, %reason, retry_in_ms = delay.as_millis() as u64, "publish failed; will retry");
+        for retry in &decisions.retry {
+            debug!(event_id = %retry.id, reason = %retry.reason, retry_in_ms = retry.delay.as_millis() as u64, "publish failed; will retry");
         }
-        for (id, reason) in &decisions.quarantine {
-            warn!(event_id = %id, %reason, "row quarantined");
+        for quarantine in &decisions.quarantine {
+            warn!(event_id = %quarantine.id, reason = %quarantine.reason, "row quarantined");
         }
         self.metrics
             .published_total
@@ -301,7 +255,7 @@ impl Relay {
             quarantined = decisions.quarantine.len(),
             "batch recorded"
         );
-        timed_out
+        result
     }
 
     async fn record_step(&self, step: Step, decisions: &Decisions) -> Result<u64, StoreError> {
@@ -312,9 +266,26 @@ impl Relay {
                 OnPublish::Delete => self.store.delete_published(&decisions.published).await,
             },
             Step::Retry if decisions.retry.is_empty() => Ok(0),
-            Step::Retry => self.store.reschedule(&decisions.retry).await,
+            Step::Retry => {
+                let ids: Vec<Uuid> = decisions.retry.iter().map(|retry| retry.id).collect();
+                let reasons: Vec<&str> = decisions
+                    .retry
+                    .iter()
+                    .map(|retry| retry.reason.as_str())
+                    .collect();
+                let delays: Vec<Duration> = decisions.retry.iter().map(|retry| retry.delay).collect();
+                self.store.reschedule(&ids, &reasons, &delays).await
+            }
             Step::Quarantine if decisions.quarantine.is_empty() => Ok(0),
-            Step::Quarantine => self.store.quarantine(&decisions.quarantine).await,
+            Step::Quarantine => {
+                let ids: Vec<Uuid> = decisions.quarantine.iter().map(|row| row.id).collect();
+                let reasons: Vec<&str> = decisions
+                    .quarantine
+                    .iter()
+                    .map(|row| row.reason.as_str())
+                    .collect();
+                self.store.quarantine(&ids, &reasons).await
+            }
         }
     }
 
@@ -375,63 +346,4 @@ enum Step {
     Published,
     Retry,
     Quarantine,
-}
-
-async fn sleep_or_cancel(delay: Duration, shutdown: &CancellationToken) {
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.cancelled() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(attempt_count: i32) -> Event {
-        Event {
-            id: Uuid::new_v4(),
-            causation_id: None,
-            event_type: "t".into(),
-            aggregate_id: "a".into(),
-            payload: "{}".into(),
-            created_at: Utc::now(),
-            attempt_count,
-        }
-    }
-
-    const BACKOFF: Backoff = Backoff {
-        base: Duration::from_secs(1),
-        max: Duration::from_secs(60),
-    };
-
-    #[test]
-    fn outcomes_map_to_mark_backoff_and_quarantine() {
-        let events = vec![event(1), event(2), event(3), event(10)];
-        let outcomes = vec![
-            Outcome::Published,
-            Outcome::Retry("nack".into()),
-            Outcome::Reject("too large".into()),
-            Outcome::Retry("unroutable".into()),
-        ];
-        let decisions = decide(&events, outcomes, 10, &BACKOFF);
-        assert_eq!(decisions.published, vec![events[0].id]);
-        assert_eq!(decisions.retry.len(), 1);
-        assert_eq!(decisions.retry[0].0, events[1].id);
-        let delay = decisions.retry[0].2;
-        assert!(delay >= Duration::from_secs(1) && delay <= Duration::from_secs(2));
-        let quarantined: Vec<Uuid> = decisions.quarantine.iter().map(|q| q.0).collect();
-        assert_eq!(quarantined, vec![events[2].id, events[3].id]);
-        assert!(decisions.quarantine[1].1.contains("gave up after 10 attempts"));
-    }
-
-    #[test]
-    fn rows_whose_attempts_all_crashed_are_quarantined_unpublished() {
-        let fresh = event(10);
-        let crashed = event(11);
-        let (due, quarantine) = split_exhausted(vec![fresh.clone(), crashed.clone()], 10);
-        assert_eq!(due, vec![fresh]);
-        assert_eq!(quarantine.len(), 1);
-        assert_eq!(quarantine[0].0, crashed.id);
-    }
 }

@@ -23,9 +23,12 @@ use tokio::sync::Mutex;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-use super::{truncate_reason, Outcome, Sink, SinkError};
-use crate::config::AmqpConfig;
-use crate::store::Event;
+mod config;
+
+pub use config::{redact_url, AmqpConfig, RoutingKeyTemplate};
+
+use super::{Outcome, Sink, SinkError};
+use crate::event::Event;
 
 /// RabbitMQ's default `max_message_size`; a larger body is refused by the
 /// broker (it closes the channel), so it can never be published.
@@ -147,8 +150,11 @@ impl AmqpSink {
         }
     }
 
-    /// The message properties of an event (the SPEC's mapping); public so
-    /// the benchmark's bare publisher sends exactly the relay's messages.
+    /// The message properties of an event: `message_id` = id, `type`,
+    /// `content_type`, persistent delivery, `timestamp` = created_at, and
+    /// the `aggregate_id` / `causation_id` headers. Public so that other
+    /// publishers (the benchmark's bare publisher) send exactly the relay's
+    /// messages.
     pub fn properties(event: &Event) -> BasicProperties {
         let mut headers = FieldTable::default();
         headers.insert(
@@ -203,7 +209,7 @@ impl AmqpSink {
         let channel = match link.channel().await {
             Ok(channel) => channel,
             Err(e) => {
-                let reason = truncate_reason(&format!("no RabbitMQ channel: {e}"));
+                let reason = format!("no RabbitMQ channel: {e}");
                 warn!(%reason, "RabbitMQ connection failed; reconnecting before the next batch");
                 self.forget(&link).await;
                 return vec![Outcome::Retry(reason); events.len()];
@@ -240,7 +246,7 @@ impl AmqpSink {
             match sent {
                 Ok(confirm) => pending.push((*index, confirm)),
                 Err(e) => {
-                    let reason = truncate_reason(&format!("publish failed: {e}"));
+                    let reason = format!("publish failed: {e}");
                     outcomes[*index] = Some(Outcome::Retry(reason.clone()));
                     broken.get_or_insert(reason);
                 }
@@ -252,9 +258,9 @@ impl AmqpSink {
         if let Some(stray) = &returns.stray {
             // Some message of this batch may have gone nowhere and we cannot
             // tell which: marking any row could lose it, so all are retried.
-            let reason = truncate_reason(&format!(
+            let reason = format!(
                 "RabbitMQ returned a message that names no row of this batch ({stray}); the whole batch is retried"
-            ));
+            );
             warn!(%reason, "unattributable basic.return");
             return vec![Outcome::Retry(reason); events.len()];
         }
@@ -271,7 +277,7 @@ impl AmqpSink {
                 }
                 (Err(e), _) => {
                     broken.get_or_insert_with(|| e.to_string());
-                    Outcome::Retry(truncate_reason(&format!("confirm not received: {e}")))
+                    Outcome::Retry(format!("confirm not received: {e}"))
                 }
             });
         }
@@ -327,10 +333,10 @@ impl Returns {
                 _ => None,
             });
         for returned in carried {
-            let reason = truncate_reason(&format!(
+            let reason = format!(
                 "returned by RabbitMQ as unroutable: {} {} (exchange '{exchange}', routing key '{}')",
                 returned.reply_code, returned.reply_text, returned.delivery.routing_key
-            ));
+            );
             let message_id = returned
                 .delivery
                 .properties

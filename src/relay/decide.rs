@@ -1,0 +1,168 @@
+//! The pure half of recording a batch: what becomes of each row, decided
+//! from the sink's outcomes. Kept apart from the loop so it can be tested
+//! without a database or a broker.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::event::Event;
+use crate::retry::Backoff;
+use crate::sink::Outcome;
+
+/// A row to publish again later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// The row.
+    pub id: Uuid,
+    /// Why the attempt failed (stored as `last_error`).
+    pub reason: String,
+    /// How long until the row is due again.
+    pub delay: Duration,
+}
+
+/// A row to stop claiming until an operator releases it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The row.
+    pub id: Uuid,
+    /// Why (stored as `last_error`).
+    pub reason: String,
+}
+
+/// What the relay will do with each row of a batch.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Decisions {
+    /// Confirmed by the broker.
+    pub published: Vec<Uuid>,
+    /// Failed; try again after the delay.
+    pub retry: Vec<Retry>,
+    /// Out of attempts or rejected: stop claiming.
+    pub quarantine: Vec<Quarantine>,
+}
+
+/// Maps outcomes to decisions. `attempt_count` on each event already
+/// counts the current attempt (the claim incremented it).
+///
+/// Outcomes pair with events by position, which the [`crate::sink::Sink`]
+/// contract guarantees; a sink that broke it would have every row of the
+/// batch retried, never one marked published on another's confirmation.
+pub fn decide(events: &[Event], outcomes: Vec<Outcome>, max_attempts: u32, backoff: &Backoff) -> Decisions {
+    let outcomes = if outcomes.len() == events.len() {
+        outcomes
+    } else {
+        let reason = format!(
+            "the sink returned {} outcomes for a batch of {} (a bug): every row is retried",
+            outcomes.len(),
+            events.len()
+        );
+        tracing::error!(%reason, "sink broke its contract");
+        vec![Outcome::Retry(reason); events.len()]
+    };
+    let mut decisions = Decisions::default();
+    for (event, outcome) in events.iter().zip(outcomes) {
+        let attempt = u32::try_from(event.attempt_count).unwrap_or(0);
+        match outcome {
+            Outcome::Published => decisions.published.push(event.id),
+            Outcome::Reject(reason) => decisions.quarantine.push(Quarantine {
+                id: event.id,
+                reason: format!("rejected by sink: {reason}"),
+            }),
+            Outcome::Retry(reason) if attempt >= max_attempts => decisions.quarantine.push(Quarantine {
+                id: event.id,
+                reason: format!("gave up after {attempt} attempts: {reason}"),
+            }),
+            Outcome::Retry(reason) => decisions.retry.push(Retry {
+                id: event.id,
+                reason,
+                delay: backoff.delay(attempt),
+            }),
+        }
+    }
+    decisions
+}
+
+/// Splits off rows whose earlier attempts all ended without an outcome
+/// being recorded (the relay died or was killed while publishing them):
+/// they are past their last attempt, so they are quarantined unpublished
+/// instead of crashing the relay once more.
+pub fn split_exhausted(events: Vec<Event>, max_attempts: u32) -> (Vec<Event>, Vec<Quarantine>) {
+    let limit = i64::from(max_attempts);
+    let (exhausted, due): (Vec<Event>, Vec<Event>) = events
+        .into_iter()
+        .partition(|e| i64::from(e.attempt_count) > limit);
+    let quarantine = exhausted
+        .into_iter()
+        .map(|e| Quarantine {
+            id: e.id,
+            reason: format!(
+                "{max_attempts} attempts began without an outcome being recorded (the relay stopped while publishing this row)"
+            ),
+        })
+        .collect();
+    (due, quarantine)
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+
+    fn event(attempt_count: i32) -> Event {
+        Event {
+            id: Uuid::new_v4(),
+            causation_id: None,
+            event_type: "t".into(),
+            aggregate_id: "a".into(),
+            payload: "{}".into(),
+            created_at: Utc::now(),
+            attempt_count,
+        }
+    }
+
+    const BACKOFF: Backoff = Backoff {
+        base: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn outcomes_map_to_mark_backoff_and_quarantine() {
+        let events = vec![event(1), event(2), event(3), event(10)];
+        let outcomes = vec![
+            Outcome::Published,
+            Outcome::Retry("nack".into()),
+            Outcome::Reject("too large".into()),
+            Outcome::Retry("unroutable".into()),
+        ];
+        let decisions = decide(&events, outcomes, 10, &BACKOFF);
+        assert_eq!(decisions.published, vec![events[0].id]);
+        assert_eq!(decisions.retry.len(), 1);
+        assert_eq!(decisions.retry[0].id, events[1].id);
+        let delay = decisions.retry[0].delay;
+        assert!(delay >= Duration::from_secs(1) && delay <= Duration::from_secs(2));
+        let quarantined: Vec<Uuid> = decisions.quarantine.iter().map(|q| q.id).collect();
+        assert_eq!(quarantined, vec![events[2].id, events[3].id]);
+        assert!(decisions.quarantine[1]
+            .reason
+            .contains("gave up after 10 attempts"));
+    }
+
+    #[test]
+    fn a_wrong_number_of_outcomes_retries_the_whole_batch() {
+        let events = vec![event(1), event(1)];
+        let decisions = decide(&events, vec![Outcome::Published], 10, &BACKOFF);
+        assert!(decisions.published.is_empty());
+        assert_eq!(decisions.retry.len(), 2);
+    }
+
+    #[test]
+    fn rows_whose_attempts_all_crashed_are_quarantined_unpublished() {
+        let fresh = event(10);
+        let crashed = event(11);
+        let (due, quarantine) = split_exhausted(vec![fresh.clone(), crashed.clone()], 10);
+        assert_eq!(due, vec![fresh]);
+        assert_eq!(quarantine.len(), 1);
+        assert_eq!(quarantine[0].id, crashed.id);
+    }
+}
