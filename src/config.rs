@@ -10,6 +10,8 @@ use std::time::Duration;
 use clap::Args;
 use thiserror::Error;
 
+pub use crate::sink::sqs::SqsConfig;
+
 /// A configuration value that cannot be used. `Display` is the one line the
 /// binary prints before exiting with status 2.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -22,7 +24,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(variable: &'static str, problem: impl Into<String>) -> Self {
+    pub(crate) fn new(variable: &'static str, problem: impl Into<String>) -> Self {
         Self {
             variable,
             problem: problem.into(),
@@ -314,22 +316,6 @@ impl fmt::Debug for AmqpConfig {
     }
 }
 
-/// SQS sink settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqsConfig {
-    /// Queue URL; a `.fifo` suffix means a FIFO queue.
-    pub queue_url: String,
-    /// Endpoint override for emulators.
-    pub endpoint_url: Option<String>,
-}
-
-impl SqsConfig {
-    /// Whether the queue is FIFO (by the AWS naming rule).
-    pub fn is_fifo(&self) -> bool {
-        self.queue_url.ends_with(".fifo")
-    }
-}
-
 /// One part of a routing key template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum KeyPart {
@@ -521,27 +507,8 @@ impl SinkSettings {
                 }))
             }
             "sqs" => {
-                let queue_url = self
-                    .sqs_queue_url
-                    .as_deref()
-                    .map(str::trim)
-                    .filter(|u| !u.is_empty())
-                    .ok_or_else(|| {
-                        ConfigError::new("OUTBOX_SQS_QUEUE_URL", "is required when OUTBOX_SINK=sqs")
-                    })?;
-                validate_http_url(queue_url).map_err(|e| ConfigError::new("OUTBOX_SQS_QUEUE_URL", e))?;
-                let endpoint_url = match self.sqs_endpoint_url.as_deref().map(str::trim) {
-                    Some("") | None => None,
-                    Some(endpoint) => {
-                        validate_http_url(endpoint)
-                            .map_err(|e| ConfigError::new("OUTBOX_SQS_ENDPOINT_URL", e))?;
-                        Some(endpoint.to_owned())
-                    }
-                };
-                Ok(SinkConfig::Sqs(SqsConfig {
-                    queue_url: queue_url.to_owned(),
-                    endpoint_url,
-                }))
+                SqsConfig::from_settings(self.sqs_queue_url.as_deref(), self.sqs_endpoint_url.as_deref())
+                    .map(SinkConfig::Sqs)
             }
             other => Err(ConfigError::new(
                 "OUTBOX_SINK",
@@ -549,17 +516,6 @@ impl SinkSettings {
             )),
         }
     }
-}
-
-fn validate_http_url(raw: &str) -> Result<(), String> {
-    let url = url::Url::parse(raw).map_err(|e| format!("is not a valid URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!("scheme '{}' is not http or https", url.scheme()));
-    }
-    if url.password().is_some() {
-        return Err("must not carry credentials; use the AWS credential chain".to_owned());
-    }
-    Ok(())
 }
 
 /// Validated relay-loop settings.
