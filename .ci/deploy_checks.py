@@ -32,8 +32,7 @@ RULES_FILE = CHART / "files" / "outbox-relay.rules.yml"
 AGE_ALERT = "OutboxOldestUnpublishedAgeHigh"
 ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxPublishFailuresHigh"}
 
-# The environment variables of the product specification (README
-# "Configuration"). The chart, the compose file and this list must agree.
+# The relay's environment variables (README, "Configuration"). The chart, the compose file and this list must agree.
 SPEC_VARS = [
     "OUTBOX_DATABASE_URL", "OUTBOX_TABLE", "OUTBOX_SINK", "OUTBOX_AMQP_URL",
     "OUTBOX_AMQP_EXCHANGE", "OUTBOX_AMQP_ROUTING_KEY", "OUTBOX_SQS_QUEUE_URL",

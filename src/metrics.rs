@@ -1,4 +1,4 @@
-//! The Prometheus metrics of the SPEC. Labels are never per event: every
+//! The Prometheus metrics whose names operators' dashboards and alerts rely on. Labels are never per event: every
 //! series here is a single one per replica.
 
 use std::sync::atomic::AtomicU64;
@@ -63,8 +63,8 @@ impl Metrics {
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters and the unit to
-        // names registered with one, so the names below are the SPEC's
-        // without those suffixes.
+        // names registered with one, so the names below are the documented
+        // ones without those suffixes.
         registry.register(
             "outbox_unpublished_events",
             "Rows not yet published and not quarantined",

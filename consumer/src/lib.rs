@@ -60,7 +60,7 @@
 //! ```
 //!
 //! `examples/consumer.rs` is a complete RabbitMQ consumer built this way,
-//! and the README (Consumers, Failure windows) describes the failure windows it closes.
+//! and docs/consumers.md (Failure windows) describes the failure windows it closes.
 //!
 //! Isolation: the pattern is meant for READ COMMITTED, PostgreSQL's
 //! default. Under REPEATABLE READ or SERIALIZABLE a claim racing another

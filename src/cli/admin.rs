@@ -2,10 +2,11 @@
 //! `replay`.
 //!
 //! Human output is aligned text for a terminal; `--json` output is one line
-//! of JSON whose shape is part of the contract (see the README, Admin commands):
+//! of JSON whose shape is part of the contract (docs/operations.md, Admin
+//! commands):
 //!
 //! - `status --json`: `{"unpublished":N,"oldest_unpublished_age_seconds":F,
-//!   "quarantined":N,"published_last_hour":N}`
+//!   "quarantined":N,"published_last_hour":N,"stuck_aggregates":N}`
 //! - `quarantine list --json`: `[{"id":"…","event_type":"…","attempt_count":N,
 //!   "last_error":"…"|null,"quarantined_at":"RFC 3339, UTC, microseconds"}]`
 //!

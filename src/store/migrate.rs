@@ -16,35 +16,26 @@ pub struct Migration {
     sql: &'static str,
 }
 
+/// A migration embedded from `migrations/`, named after its file.
+macro_rules! migration {
+    ($version:literal, $file:literal) => {
+        Migration {
+            version: $version,
+            name: $file,
+            sql: include_str!(concat!("../../migrations/", $file)),
+        }
+    };
+}
+
 /// Every migration, in order. The files are idempotent on their own
 /// (`IF NOT EXISTS`), so a table created by hand or by an older relay is
 /// brought up to date rather than rejected.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_outbox_table.sql",
-        sql: include_str!("../../migrations/0001_outbox_table.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "0002_relay_columns.sql",
-        sql: include_str!("../../migrations/0002_relay_columns.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "0003_indexes.sql",
-        sql: include_str!("../../migrations/0003_indexes.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "0004_aggregate_order_index.sql",
-        sql: include_str!("../../migrations/0004_aggregate_order_index.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "0005_notify_trigger.sql",
-        sql: include_str!("../../migrations/0005_notify_trigger.sql"),
-    },
+    migration!(1, "0001_outbox_table.sql"),
+    migration!(2, "0002_relay_columns.sql"),
+    migration!(3, "0003_indexes.sql"),
+    migration!(4, "0004_aggregate_order_index.sql"),
+    migration!(5, "0005_notify_trigger.sql"),
 ];
 
 impl Migration {
