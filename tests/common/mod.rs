@@ -3,9 +3,12 @@
 //! proxy, and polling helpers that wait on conditions instead of sleeping.
 #![allow(dead_code)]
 
+pub mod private_postgres;
+pub mod private_rabbit;
 pub mod proxy;
 pub mod rows;
 pub mod sqs;
+pub mod system;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -62,27 +65,45 @@ pub struct TestDb {
     pub url: String,
     /// A connection for the test's own queries.
     pub client: Client,
+    /// The server's admin connection URL, which drops the database at the end.
+    admin_url: String,
 }
 
 impl TestDb {
-    /// Creates an empty database.
+    /// Creates an empty database on the shared server.
     pub async fn create() -> Self {
-        let admin = connect_pg(&pg_admin_url()).await;
+        Self::create_on(&pg_admin_url()).await
+    }
+
+    /// Creates an empty database on the server of `admin_url` (a private
+    /// cluster, for a test that disturbs its server).
+    pub async fn create_on(admin_url: &str) -> Self {
+        let admin = connect_pg(admin_url).await;
         let name = unique("outbox_test");
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create test database");
-        let mut url = url::Url::parse(&pg_admin_url()).expect("OUTBOX_TEST_PG_URL is a URL");
+        let mut url = url::Url::parse(admin_url).expect("the admin URL is a URL");
         url.set_path(&format!("/{name}"));
         let url = url.to_string();
         let client = connect_pg(&url).await;
-        Self { name, url, client }
+        Self {
+            name,
+            url,
+            client,
+            admin_url: admin_url.to_owned(),
+        }
     }
 
     /// Creates a database and runs `outbox-relay migrate` on it.
     pub async fn migrated() -> Self {
-        let db = Self::create().await;
+        Self::migrated_on(&pg_admin_url()).await
+    }
+
+    /// Creates a database on the server of `admin_url` and migrates it.
+    pub async fn migrated_on(admin_url: &str) -> Self {
+        let db = Self::create_on(admin_url).await;
         let out = db.relay_command(&["migrate"], &[]).output().expect("run migrate");
         assert!(
             out.status.success(),
@@ -153,6 +174,11 @@ impl TestDb {
             .collect()
     }
 
+    /// Replaces the test's own connection, after its server restarted.
+    pub async fn reconnect(&mut self) {
+        self.client = connect_pg(&self.url).await;
+    }
+
     /// Terminates this database's backends that belong to the relay.
     pub async fn terminate_relay_backends(&self) -> i64 {
         self.client
@@ -170,13 +196,14 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let admin_url = self.admin_url.clone();
         // Drop runs inside the test's runtime; a plain thread with its own
         // runtime can still block on the cleanup.
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
             if let Ok(runtime) = runtime {
                 runtime.block_on(async {
-                    if let Ok((client, connection)) = tokio_postgres::connect(&pg_admin_url(), NoTls).await {
+                    if let Ok((client, connection)) = tokio_postgres::connect(&admin_url, NoTls).await {
                         tokio::spawn(connection);
                         let _ = client
                             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
@@ -206,20 +233,28 @@ pub struct Received {
 pub struct TestBroker {
     pub exchange: String,
     pub queue: String,
+    /// The broker's URL, which the relay is given too.
+    pub url: String,
     connection: Connection,
     channel: lapin::Channel,
 }
 
 impl TestBroker {
-    /// Declares an exchange and a queue bound with `binding_key`.
+    /// Declares an exchange and a queue bound with `binding_key` on the
+    /// shared broker.
     pub async fn create(binding_key: &str) -> Self {
-        let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        Self::create_on(&amqp_url(), binding_key).await
+    }
+
+    /// Declares an exchange and a queue bound with `binding_key` on the
+    /// broker at `url` (a private node, for a test that disturbs it).
+    pub async fn create_on(url: &str, binding_key: &str) -> Self {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .unwrap_or_else(|e| {
                 panic!(
-                    "cannot reach RabbitMQ at {}: {e}\nstart it with: rabbitmq-server -detached \
-                     (or set OUTBOX_TEST_AMQP_URL)",
-                    amqp_url()
+                    "cannot reach RabbitMQ at {url}: {e}\nstart it with: rabbitmq-server -detached \
+                     (or set OUTBOX_TEST_AMQP_URL)"
                 )
             });
         let channel = connection.create_channel().await.expect("channel");
@@ -265,6 +300,7 @@ impl TestBroker {
         Self {
             exchange,
             queue,
+            url: url.to_owned(),
             connection,
             channel,
         }
@@ -328,9 +364,44 @@ impl TestBroker {
         received
     }
 
+    /// Receives like [`TestBroker::receive`], keeping only the message ids,
+    /// for tests whose messages are large.
+    pub async fn receive_ids(&self, count: usize, within: Duration) -> Vec<String> {
+        let channel = self.connection.create_channel().await.expect("consumer channel");
+        let mut consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                unique("consumer").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let deadline = tokio::time::Instant::now() + within;
+        let mut ids = Vec::new();
+        while ids.len() < count {
+            let next = tokio::time::timeout_at(deadline, consumer.next()).await;
+            let Ok(Some(Ok(delivery))) = next else { break };
+            delivery.ack(BasicAckOptions::default()).await.expect("ack");
+            ids.push(
+                delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            );
+        }
+        let _ = channel.close(200, "done".into()).await;
+        ids
+    }
+
     /// The relay settings that publish to this test's exchange.
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![("OUTBOX_AMQP_EXCHANGE", self.exchange.clone())]
+        vec![
+            ("OUTBOX_AMQP_EXCHANGE", self.exchange.clone()),
+            ("OUTBOX_AMQP_URL", self.url.clone()),
+        ]
     }
 
     /// Deletes the queue and exchange.
