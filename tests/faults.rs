@@ -396,7 +396,7 @@ async fn a_replica_stopped_past_its_lease_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_restart_mid_drain_is_survived_without_restarting_the_relay() {
     let postgres = PrivatePostgres::start().await;
-    let mut db = postgres.migrated_database().await;
+    let mut db: TestDb = postgres.migrated_database().await;
     let broker = TestBroker::create("#").await;
     let ids = db.insert_events(20_000, "restart.event").await;
     let mut env = broker.env();

@@ -4,13 +4,13 @@
 //! The cluster is the installed PostgreSQL's `initdb` and `pg_ctl`, run as
 //! the `postgres` user in a temporary directory that goes away with it:
 //! data, log and Unix socket there, TCP on a free loopback port only, trust
-//! authentication for local connections.
+//! authentication for local connections, and no flushes to disk.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use super::system::{free_port, tail, OwnedDir, SystemUser};
-use super::TestDb;
+use crate::system::{free_port, tail, OwnedDir, SystemUser};
+use crate::{RelayBinary, TestDb};
 
 /// Ports are picked free but may be taken before the server binds them.
 const START_TRIES: usize = 3;
@@ -101,8 +101,14 @@ impl PrivatePostgres {
     /// `pg_ctl` with this cluster's data directory, log and server options,
     /// waiting (`-w`) for the action to finish.
     fn pg_ctl_command(&self, args: &[&str]) -> Command {
+        // Durability off: a fast or immediate stop still leaves every
+        // committed transaction to the restarted server (the OS keeps what
+        // was written); only a machine crash would lose it, and nothing here
+        // must outlive one. It saves the shared disk a flush per commit.
+        // The caller's settings come after these, so they win.
         let mut options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}'",
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' \
+             -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
             self.port,
             self.dir.path.display()
         );
@@ -186,13 +192,13 @@ impl PrivatePostgres {
     }
 
     /// A fresh database on this cluster.
-    pub async fn database(&self) -> TestDb {
-        TestDb::create_on(&self.admin_url()).await
+    pub async fn database<R>(&self) -> TestDb<R> {
+        TestDb::create_at(&self.admin_url()).await
     }
 
     /// A fresh database on this cluster, migrated by the relay.
-    pub async fn migrated_database(&self) -> TestDb {
-        TestDb::migrated_on(&self.admin_url()).await
+    pub async fn migrated_database<R: RelayBinary>(&self) -> TestDb<R> {
+        TestDb::migrated_at(&self.admin_url()).await
     }
 }
 

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::system::{free_port, on_path, tail, OwnedDir, SystemUser};
-use super::TestBroker;
+use crate::system::{free_port, on_path, tail, OwnedDir, SystemUser};
+use crate::TestBroker;
 
 /// Boot takes about 6 s on a quiet machine; a loaded one can take several
 /// times that.
@@ -191,7 +191,7 @@ impl PrivateRabbit {
 
     /// Declares a test exchange and queue on this node.
     pub async fn broker(&self, binding_key: &str) -> TestBroker {
-        TestBroker::create_on(&self.amqp_url(), binding_key).await
+        TestBroker::create_at(&self.amqp_url(), binding_key).await
     }
 
     fn ctl_command(&self, args: &[&str]) -> Command {
