@@ -22,8 +22,9 @@
 //! One variant runs on a private RabbitMQ node and a private PostgreSQL
 //! cluster and has outages for chaos: memory alarms raised and cleared at
 //! random (the node blocks every publisher), fast restarts of the
-//! database, and cut connections. An outage is not the rows' fault: with
-//! three attempts allowed, nothing may be quarantined.
+//! database, and cut connections. An outage is not the rows' fault: each
+//! row ends with the one attempt that delivered it, and, three attempts
+//! allowed, nothing is quarantined.
 //!
 //! The chaos schedule comes from a seeded RNG; the seed is printed, and
 //! `OUTBOX_CRASH_SEED=<seed>` replays the same schedule (the interleaving

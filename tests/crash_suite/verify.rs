@@ -85,6 +85,23 @@ pub async fn verify(run: &Run, ledger: &Ledger, chaos: &ChaosLog, one_publish_pe
         })
         .collect();
     let by_id: HashMap<Uuid, &Row> = rows.iter().map(|row| (row.id, row)).collect();
+    // Without kills, a row's only attempt is the one that delivered it: an
+    // outage gives its attempt back. A batch whose outcome could not be
+    // recorded before its lease ran out keeps its attempt, and the relays
+    // report it.
+    if scenario.outages && chaos.unrecorded_batches == 0 {
+        let charged: Vec<&Row> = rows.iter().filter(|row| row.attempt_count > 1).collect();
+        let examples: Vec<(Uuid, i32)> = charged
+            .iter()
+            .take(5)
+            .map(|row| (row.id, row.attempt_count))
+            .collect();
+        assert!(
+            charged.is_empty(),
+            "{} rows were charged attempts for outages (id, attempts): {examples:?}",
+            charged.len()
+        );
+    }
 
     // Everything arrived, and nothing else.
     assert!(
