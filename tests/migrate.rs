@@ -245,3 +245,126 @@ async fn the_notify_trigger_follows_the_setting_on_every_migrate() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("OUTBOX_NOTIFY_TRIGGER"));
 }
+
+/// The seed design's table with one column changed: `column` becomes
+/// `definition`.
+async fn seed_table_with(db: &TestDb, column: &str, definition: &str) {
+    let mut columns = [
+        ("id", "UUID PRIMARY KEY"),
+        ("causation_id", "UUID NOT NULL"),
+        ("event_type", "VARCHAR(150) NOT NULL"),
+        ("aggregate_id", "UUID NOT NULL"),
+        ("payload", "JSONB NOT NULL"),
+        ("created_at", "TIMESTAMPTZ NOT NULL DEFAULT now()"),
+        ("published_at", "TIMESTAMPTZ"),
+    ];
+    for (name, ddl) in columns.iter_mut() {
+        if *name == column {
+            *ddl = definition;
+        }
+    }
+    let body: Vec<String> = columns
+        .iter()
+        .map(|(name, ddl)| format!("{name} {ddl}"))
+        .collect();
+    db.client
+        .batch_execute(&format!("CREATE TABLE outbox_event ({})", body.join(", ")))
+        .await
+        .unwrap();
+}
+
+/// The `table_check` reports in a JSON log: `(severity, column)`.
+fn table_reports(stderr: &[u8]) -> Vec<(String, String)> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["report"] == "table_check")
+        .map(|line| {
+            (
+                line["severity"].as_str().unwrap_or_default().to_owned(),
+                line["column"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_type_the_relay_cannot_read_fails_migrate_and_stops_run() {
+    let db = TestDb::create().await;
+    seed_table_with(&db, "created_at", "TIMESTAMP NOT NULL DEFAULT now()").await;
+    let id = Uuid::new_v4();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload)
+             VALUES ($1, $1, 'a', $1, '{}')",
+            &[&id],
+        )
+        .await
+        .unwrap();
+
+    let out = db
+        .relay_command(&["migrate"], &[("OUTBOX_LOG_FORMAT", "json")])
+        .output()
+        .expect("run migrate");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        table_reports(&out.stderr),
+        [("unusable".to_owned(), "created_at".to_owned())]
+    );
+    // The error line names the column, what was found, and the fix.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error = stderr.lines().last().unwrap_or_default();
+    for part in ["created_at", "timestamp without time zone", "ALTER TABLE"] {
+        assert!(error.contains(part), "{part} missing from: {error}");
+    }
+
+    // `run` refuses to start on it rather than quarantining every row.
+    let broker = TestBroker::create("#").await;
+    let mut relay = RelayProcess::start(&db, &broker.env());
+    let status = relay
+        .wait(Duration::from_secs(60))
+        .await
+        .expect("run stops on a table it cannot read");
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(
+        db.count("attempt_count = 0 AND quarantined_at IS NULL").await,
+        1,
+        "the row was never claimed"
+    );
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nullable_aggregate_id_is_reported_and_the_relay_runs() {
+    let db = TestDb::create().await;
+    seed_table_with(&db, "aggregate_id", "UUID").await;
+    let out = db
+        .relay_command(&["migrate"], &[("OUTBOX_LOG_FORMAT", "json")])
+        .output()
+        .expect("run migrate");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        table_reports(&out.stderr),
+        [("rows at risk".to_owned(), "aggregate_id".to_owned())]
+    );
+
+    // Rows that have an aggregate id are relayed as usual.
+    let ids: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload)
+             SELECT id, 'a', id, '{}' FROM unnest($1::uuid[]) AS u(id)",
+            &[&ids],
+        )
+        .await
+        .unwrap();
+    let broker = TestBroker::create("#").await;
+    let _relay = RelayProcess::start(&db, &broker.env());
+    assert_eq!(broker.receive(3, Duration::from_secs(60)).await.len(), 3);
+    broker.cleanup().await;
+}
