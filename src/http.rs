@@ -1,7 +1,7 @@
 //! `/metrics`, `/healthz` and `/readyz`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -11,6 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::sink::Sink;
 use crate::store::Store;
@@ -27,13 +28,15 @@ pub struct HttpState {
     pub store: Arc<Store>,
     /// Sink, for readiness.
     pub sink: Arc<dyn Sink>,
+    /// The relay workers' heartbeat, for liveness.
+    pub liveness: Arc<Liveness>,
 }
 
 /// The endpoints' routes.
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(state)
 }
@@ -49,7 +52,20 @@ pub async fn serve(
         .await
 }
 
+async fn healthz(State(state): State<HttpState>) -> impl IntoResponse {
+    match state.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(stall) => (StatusCode::SERVICE_UNAVAILABLE, format!("{stall}\n")),
+    }
+}
+
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    let last_progress = state
+        .liveness
+        .last_progress()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    state.metrics.last_progress.set(last_progress.as_secs_f64());
     (
         [(
             header::CONTENT_TYPE,
