@@ -1,21 +1,22 @@
 //! Staying honest about health: a relay whose loop dies takes the process
-//! down with a non-zero status, `/healthz` names a stalled worker, and no
-//! credential or payload reaches the logs at any level.
+//! down with a non-zero status, `/healthz` names a stalled worker, no HTTP
+//! client can hold the process up after SIGTERM or take every connection,
+//! and no credential or payload reaches the logs at any level.
 
 mod common;
 
-use std::io::Read;
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{eventually, quick_settings, with, RelayProcess, TestBroker, TestDb};
 use futures::future::BoxFuture;
 use outbox_relay::cli::{Cli, Command};
 use outbox_relay::config::DatabaseSettings;
 use outbox_relay::event::Event;
-use outbox_relay::http::HttpState;
+use outbox_relay::http::{HttpState, MAX_CONNECTIONS};
 use outbox_relay::liveness::Liveness;
 use outbox_relay::metrics::Metrics;
 use outbox_relay::sink::{Outcome, Sink, SinkError};
@@ -24,6 +25,13 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// A local address nobody listens on right now: bound to port 0 and
+/// released, for the relay to take.
+fn free_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local address")
+}
 
 /// `(status, body)` of `GET http://addr/path`, or `None` when nothing
 /// answered within `timeout`.
@@ -35,6 +43,12 @@ async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, St
     let response = client.get(format!("http://{addr}{path}")).send().await.ok()?;
     let status = response.status().as_u16();
     Some((status, response.text().await.ok()?))
+}
+
+async fn healthy(addr: SocketAddr) -> bool {
+    get(addr, "/healthz", Duration::from_secs(10))
+        .await
+        .is_some_and(|(status, _)| status == 200)
 }
 
 // ------------------------------------------------------------- liveness
@@ -184,6 +198,93 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
     beating.abort();
     shutdown.cancel();
     server.await.unwrap().unwrap();
+}
+
+// ---------------------------------------------------------- HTTP server
+
+/// A relay serving on a known address, once `/healthz` answers.
+async fn serving_relay(db: &TestDb, broker: &TestBroker) -> (RelayProcess, SocketAddr) {
+    let http = free_addr();
+    let mut env = quick_settings();
+    env.extend(broker.env());
+    env.push(("OUTBOX_HTTP_ADDR", http.to_string()));
+    let relay = RelayProcess::start(db, &env);
+    eventually(WAIT, "the relay answers /healthz", || healthy(http)).await;
+    (relay, http)
+}
+
+/// A client that sends half a request line and keeps its socket open
+/// cannot keep a stopping relay alive: SIGTERM ends the process with
+/// status 0 in a few seconds (15 s allowed here, for a busy machine; the
+/// chart's grace period before SIGKILL is 60 s by default).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_the_process_despite_a_client_sending_half_a_request() {
+    let db = TestDb::migrated().await;
+    let broker = TestBroker::create("#").await;
+    let (mut relay, http) = serving_relay(&db, &broker).await;
+
+    let mut half_open = TcpStream::connect(http).expect("connect");
+    half_open
+        .write_all(b"GET /healthz HT")
+        .expect("send half a request line");
+    // The server is reading this request when the signal comes.
+    let started = Instant::now();
+    relay.signal("TERM");
+    let status = relay
+        .wait(Duration::from_secs(15))
+        .await
+        .expect("the relay exits although a client holds a half-sent request");
+    eprintln!(
+        "exited {:?} after SIGTERM with a half-open client",
+        started.elapsed()
+    );
+    assert!(status.success(), "a requested shutdown exits 0, got {status}");
+    drop(half_open);
+    broker.cleanup().await;
+}
+
+/// Idle connections beyond the limit wait instead of being served, and the
+/// header read timeout frees their slots, so `/healthz` is answered again
+/// without any of them closing.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_beyond_the_limit_cannot_lock_out_the_probes() {
+    let db = TestDb::migrated().await;
+    let broker = TestBroker::create("#").await;
+    let (_relay, http) = serving_relay(&db, &broker).await;
+
+    let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS + 8)
+        .map(|_| TcpStream::connect(http).expect("connect"))
+        .collect();
+    // Every slot is held by a connection that sends nothing: a probe waits
+    // (well under the header read timeout that frees them).
+    assert_eq!(
+        get(http, "/healthz", Duration::from_secs(1)).await,
+        None,
+        "a connection beyond the limit is not served while every slot is held"
+    );
+    // The server drops the silent connections; the probe gets through.
+    let started = Instant::now();
+    eventually(
+        WAIT,
+        "/healthz answered while the idle clients keep their sockets",
+        || healthy(http),
+    )
+    .await;
+    eprintln!(
+        "/healthz answered {:?} after the slots were taken",
+        started.elapsed()
+    );
+    let mut first = &idle[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let mut answer = Vec::new();
+    assert!(
+        first.read_to_end(&mut answer).is_ok(),
+        "the server closed the first idle connection"
+    );
+    drop(idle);
+    broker.cleanup().await;
 }
 
 // ------------------------------------------------------------------ logs
