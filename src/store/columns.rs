@@ -11,13 +11,13 @@
 //!   on such a table would fail on, or quarantine, every row.
 //! - [`Severity::RowsAtRisk`]: a nullable column the relay needs a value
 //!   in. Rows that have one work; a row with NULL there is that row's
-//!   problem alone, so `migrate` and `run` report it and carry on.
+//!   problem alone, so `migrate` and `run` log the error and carry on.
 
 use std::fmt;
 
 use thiserror::Error;
 use tokio_postgres::Client;
-use tracing::{error, warn};
+use tracing::error;
 
 use super::{bounded, Store, StoreError, TableName};
 
@@ -279,23 +279,19 @@ pub fn check_columns(table: &TableName, columns: &[Column]) -> Vec<Finding> {
 #[error("the outbox table cannot be relayed: {0}")]
 pub struct UnusableTable(pub String);
 
-/// Logs each finding, at error when it makes the table unusable and at
-/// warn otherwise, with `report = "table_check"` and the column as stable
-/// fields for log pipelines; fails when the table is unusable.
+/// Logs each finding at error (each is for an operator to fix), with
+/// `report = "table_check"`, the column and the severity as stable fields
+/// for log pipelines; fails when the table is unusable.
 pub fn report(findings: &[Finding]) -> Result<(), UnusableTable> {
-    let mut unusable = Vec::new();
     for finding in findings {
         let column = finding.column.as_deref().unwrap_or("");
-        match finding.severity {
-            Severity::Unusable => {
-                error!(report = "table_check", severity = %finding.severity, column, "{}", finding.message);
-                unusable.push(finding.message.as_str());
-            }
-            Severity::RowsAtRisk => {
-                warn!(report = "table_check", severity = %finding.severity, column, "{}", finding.message);
-            }
-        }
+        error!(report = "table_check", severity = %finding.severity, column, "{}", finding.message);
     }
+    let unusable: Vec<&str> = findings
+        .iter()
+        .filter(|finding| finding.severity == Severity::Unusable)
+        .map(|finding| finding.message.as_str())
+        .collect();
     if unusable.is_empty() {
         Ok(())
     } else {
