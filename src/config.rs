@@ -35,6 +35,8 @@ pub mod var {
     pub const AMQP_URL: &str = "OUTBOX_AMQP_URL";
     pub const AMQP_EXCHANGE: &str = "OUTBOX_AMQP_EXCHANGE";
     pub const AMQP_ROUTING_KEY: &str = "OUTBOX_AMQP_ROUTING_KEY";
+    pub const AMQP_MAX_MESSAGE_BYTES: &str = "OUTBOX_AMQP_MAX_MESSAGE_BYTES";
+    pub const MAX_BATCH_BYTES: &str = "OUTBOX_MAX_BATCH_BYTES";
     pub const SQS_QUEUE_URL: &str = "OUTBOX_SQS_QUEUE_URL";
     pub const SQS_ENDPOINT_URL: &str = "OUTBOX_SQS_ENDPOINT_URL";
     pub const BATCH_SIZE: &str = "OUTBOX_BATCH_SIZE";
@@ -121,6 +123,11 @@ pub struct SinkSettings {
     #[arg(long, env = var::AMQP_ROUTING_KEY, default_value = "{event_type}")]
     pub amqp_routing_key: String,
 
+    /// The broker's `max_message_size` in bytes (RabbitMQ 4's default): a
+    /// larger row is quarantined on its first attempt without being sent.
+    #[arg(long, env = var::AMQP_MAX_MESSAGE_BYTES, default_value = "16777216")]
+    pub amqp_max_message_bytes: String,
+
     /// SQS queue URL; required with `OUTBOX_SINK=sqs`. A `.fifo` URL turns on FIFO fields.
     #[arg(long, env = var::SQS_QUEUE_URL)]
     pub sqs_queue_url: Option<String>,
@@ -134,8 +141,13 @@ impl SinkSettings {
     /// Validates the settings of the chosen sink (only those).
     pub fn validate(&self) -> Result<SinkConfig, ConfigError> {
         match self.sink.trim() {
-            "rabbitmq" => AmqpConfig::parse(&self.amqp_url, &self.amqp_exchange, &self.amqp_routing_key)
-                .map(SinkConfig::RabbitMq),
+            "rabbitmq" => AmqpConfig::parse(
+                &self.amqp_url,
+                &self.amqp_exchange,
+                &self.amqp_routing_key,
+                &self.amqp_max_message_bytes,
+            )
+            .map(SinkConfig::RabbitMq),
             "sqs" => {
                 SqsConfig::from_settings(self.sqs_queue_url.as_deref(), self.sqs_endpoint_url.as_deref())
                     .map(SinkConfig::Sqs)
@@ -187,6 +199,11 @@ pub struct RelaySettings {
     /// and records on its own).
     #[arg(long, env = var::WORKERS, default_value = "4")]
     pub workers: String,
+
+    /// A claim stops adding rows once their payloads reach this many bytes
+    /// (it always takes at least one row): what one batch holds in memory.
+    #[arg(long, env = var::MAX_BATCH_BYTES, default_value = "16777216")]
+    pub max_batch_bytes: String,
 }
 
 impl RelaySettings {
@@ -215,6 +232,7 @@ impl RelaySettings {
             &[("none", Ordering::None), ("aggregate", Ordering::Aggregate)],
         )?;
         let workers = parse_positive(var::WORKERS, &self.workers, 64)?;
+        let max_batch_bytes = parse_positive(var::MAX_BATCH_BYTES, &self.max_batch_bytes, u32::MAX)?;
         Ok(RelayConfig {
             batch_size,
             poll_interval,
@@ -225,6 +243,7 @@ impl RelaySettings {
             on_publish,
             ordering,
             workers,
+            max_batch_bytes: max_batch_bytes as usize,
         })
     }
 }
@@ -393,6 +412,7 @@ mod tests {
             on_publish: "mark".into(),
             ordering: "none".into(),
             workers: "4".into(),
+            max_batch_bytes: "16777216".into(),
         }
     }
 
@@ -409,6 +429,7 @@ mod tests {
             amqp_url: "amqp://guest:guest@localhost:5672/%2f".into(),
             amqp_exchange: "amq.topic".into(),
             amqp_routing_key: "{event_type}".into(),
+            amqp_max_message_bytes: "16777216".into(),
             sqs_queue_url: None,
             sqs_endpoint_url: None,
         }

@@ -211,6 +211,7 @@ mod tests {
             on_publish: crate::relay::OnPublish::Mark,
             ordering: crate::store::Ordering::None,
             workers: 2,
+            max_batch_bytes: 16 * 1024 * 1024,
         };
         assert_eq!(stall_limit(&config), Duration::from_secs(190));
         let slow_poll = RelayConfig {

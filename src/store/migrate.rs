@@ -83,6 +83,7 @@ pub async fn migrate(
     let tx = client.transaction().await?;
     tx.batch_execute(&format!(
         "SET LOCAL lock_timeout = '10s';
+         SET LOCAL statement_timeout = 0;
          SET LOCAL client_min_messages = warning;
          SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate'));
          {schema_sql}
