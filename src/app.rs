@@ -135,8 +135,8 @@ pub async fn serve_with_sink(
 
 /// Checks the table before the first claim, waiting for the database if it
 /// is not there yet. A table no row can be relayed from is an error (the
-/// relay would fail on, or quarantine, every row); nullable columns that
-/// should not be are reported and tolerated (see `store/columns.rs`).
+/// relay would fail on, or quarantine, every row); what the claim copes
+/// with is reported and tolerated (see `store/columns.rs`).
 async fn check_table(store: &Store, liveness: &Liveness, shutdown: &CancellationToken) -> anyhow::Result<()> {
     let outage = Mutex::new(Outage::new("database"));
     let mut database = Availability::new(&outage);

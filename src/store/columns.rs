@@ -5,13 +5,16 @@
 //!
 //! Two severities, because they call for different reactions:
 //!
-//! - [`Severity::Unusable`]: a type no row can be read or written with
-//!   (`created_at timestamp without time zone`, `attempt_count bigint`), or
-//!   a missing column. `migrate` exits 1 and `run` refuses to start: a relay
-//!   on such a table would fail on, or quarantine, every row.
-//! - [`Severity::RowsAtRisk`]: a nullable column the relay needs a value
-//!   in. Rows that have one work; a row with NULL there is that row's
-//!   problem alone, so `migrate` and `run` log the error and carry on.
+//! - [`Severity::Unusable`]: a missing column, or a type the relay's
+//!   statements cannot work with (`id bigint`, `causation_id text`, which
+//!   the claim casts to uuid, so that one value that is not a UUID would
+//!   fail every claim). `migrate` exits 1 and `run` refuses to start: a
+//!   relay on such a table would fail on, or quarantine, every row.
+//! - [`Severity::Tolerated`]: something the claim copes with, at a cost
+//!   worth fixing: a type it casts (`created_at timestamp without time
+//!   zone` is read in the session's time zone), or a nullable column a row
+//!   needs a value in (such a row is quarantined, naming the column). Both
+//!   commands log the error with its fix and carry on.
 
 use std::fmt;
 
@@ -26,15 +29,15 @@ use super::{bounded, Store, StoreError, TableName};
 pub enum Severity {
     /// No row can be relayed: `migrate` fails, `run` refuses to start.
     Unusable,
-    /// Rows with NULL in the column cannot be relayed; the others can.
-    RowsAtRisk,
+    /// The relay copes; the finding says at what cost, and how to fix it.
+    Tolerated,
 }
 
 impl fmt::Display for Severity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Severity::Unusable => "unusable",
-            Severity::RowsAtRisk => "rows at risk",
+            Severity::Tolerated => "tolerated",
         })
     }
 }
@@ -67,18 +70,30 @@ pub struct Column {
 /// What the relay needs of one column.
 struct Need {
     column: &'static str,
-    /// Base type names the relay's statements work with.
+    /// Base type names that work as they are; empty: any type (the column
+    /// is only ever read through a cast to text).
     types: &'static [&'static str],
-    /// Read through a cast to text, so any type works.
-    any_type: bool,
+    /// Base type names the claim's casts cope with, and at what cost.
+    tolerated: &'static [&'static str],
+    cost: &'static str,
     /// The type to convert to, as DDL writes it.
     expected: &'static str,
-    /// The relay needs a value in every row.
-    not_null: bool,
+    /// What depends on the type, for the message about any other type.
+    why: &'static str,
+    /// What NULL in the column does.
+    null: Null,
     /// Who provides the column when it is missing.
     source: Source,
-    /// What depends on the type, for the message.
-    why: &'static str,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Null {
+    /// NULL is a legitimate value.
+    Allowed,
+    /// A row with NULL there is that row's problem alone: this happens.
+    Tolerated(&'static str),
+    /// A row with NULL there would harm more than itself: this happens.
+    Unusable(&'static str),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -91,119 +106,135 @@ enum Source {
     Optional,
 }
 
-const TEXT_TYPES: &[&str] = &["text", "varchar", "bpchar"];
+const QUARANTINED: &str = "is quarantined, naming the column";
+const TIMESTAMP_COST: &str = "it is read as timestamptz in the relay's session time zone, so its \
+     times shift if that differs from the producer's";
 
-/// Every column the relay uses, from the claim's `RETURNING` list (decoded
-/// into Rust types, so those types are exact) to the columns only
-/// compared or written in SQL.
+/// Every column the relay uses, as the claim (`sql/claim.sql`, which casts
+/// what it returns to the types it decodes) and the recording statements
+/// (which match rows on `uuid[]` ids and `int[]` attempts) use them.
 const NEEDS: &[Need] = &[
     Need {
         column: "id",
         types: &["uuid"],
-        any_type: false,
+        tolerated: &[],
+        cost: "",
         expected: "uuid",
-        not_null: true,
+        why: "the relay matches rows on UUID ids, and the id is the message id",
+        null: Null::Tolerated("is never claimed"),
         source: Source::Producer,
-        why: "the relay reads it as a UUID and uses it as the message id",
     },
     Need {
         column: "causation_id",
         types: &["uuid"],
-        any_type: false,
+        tolerated: &[],
+        cost: "",
         expected: "uuid",
-        not_null: false,
+        why: "the claim casts it to uuid, so a single value that is not a UUID would fail every claim",
+        null: Null::Allowed,
         source: Source::Migrate,
-        why: "the relay reads it as a UUID",
     },
     Need {
         column: "event_type",
-        types: TEXT_TYPES,
-        any_type: true,
+        types: &[],
+        tolerated: &[],
+        cost: "",
         expected: "text",
-        not_null: true,
+        why: "",
+        null: Null::Tolerated(QUARANTINED),
         source: Source::Producer,
-        why: "the relay reads it as text",
     },
     Need {
         column: "aggregate_id",
-        types: TEXT_TYPES,
-        any_type: true,
+        types: &[],
+        tolerated: &[],
+        cost: "",
         expected: "text",
-        not_null: true,
+        why: "",
+        null: Null::Tolerated(QUARANTINED),
         source: Source::Producer,
-        why: "the relay reads it as text",
     },
     Need {
         column: "payload",
         types: &["jsonb", "json", "text", "varchar"],
-        any_type: false,
+        tolerated: &[],
+        cost: "",
         expected: "jsonb",
-        not_null: true,
-        source: Source::Producer,
         why: "its JSON text is the message body",
+        null: Null::Tolerated(QUARANTINED),
+        source: Source::Producer,
     },
     Need {
         column: "created_at",
         types: &["timestamptz"],
-        any_type: false,
+        tolerated: &["timestamp"],
+        cost: TIMESTAMP_COST,
         expected: "timestamptz",
-        not_null: true,
+        why: "the claim orders rows by it and reads it as a point in time",
+        null: Null::Tolerated(QUARANTINED),
         source: Source::Migrate,
-        why: "the relay reads it as a point in time (timestamptz)",
     },
     Need {
         column: "published_at",
         types: &["timestamptz"],
-        any_type: false,
+        tolerated: &["timestamp"],
+        cost: TIMESTAMP_COST,
         expected: "timestamptz",
-        not_null: false,
+        why: "the relay sets it to now() and replay and retention compare it with points in time",
+        null: Null::Allowed,
         source: Source::Migrate,
-        why: "replay and retention compare it with points in time (timestamptz)",
     },
     Need {
         column: "attempt_count",
         types: &["int4"],
-        any_type: false,
+        tolerated: &["int2", "int8"],
+        cost: "the relay reads and matches it as a 32-bit integer",
         expected: "integer",
-        not_null: true,
+        why: "the relay counts attempts in it and matches outcomes on it as an integer",
+        null: Null::Unusable(
+            "could never have its outcome recorded, and would be published again after every lease",
+        ),
         source: Source::Migrate,
-        why: "the relay reads it as a 32-bit integer",
     },
     Need {
         column: "next_attempt_at",
         types: &["timestamptz"],
-        any_type: false,
+        tolerated: &["timestamp"],
+        cost: TIMESTAMP_COST,
         expected: "timestamptz",
-        not_null: true,
+        why: "the claim compares it with now() and sets it to a point in time",
+        null: Null::Tolerated("is never claimed"),
         source: Source::Migrate,
-        why: "the claim compares it with now() (timestamptz)",
     },
     Need {
         column: "last_error",
         types: &["text", "varchar"],
-        any_type: false,
+        tolerated: &[],
+        cost: "",
         expected: "text",
-        not_null: false,
-        source: Source::Migrate,
         why: "the relay writes error texts into it",
+        null: Null::Allowed,
+        source: Source::Migrate,
     },
     Need {
         column: "quarantined_at",
         types: &["timestamptz"],
-        any_type: false,
+        tolerated: &["timestamp"],
+        cost: "`quarantine list` cannot read it (it reads a point in time)",
         expected: "timestamptz",
-        not_null: false,
+        why: "the relay sets it to now() and `quarantine list` reads it as a point in time",
+        null: Null::Allowed,
         source: Source::Migrate,
-        why: "`quarantine list` reads it as a point in time (timestamptz)",
     },
     Need {
         column: "sequence_number",
         types: &["int2", "int4", "int8"],
-        any_type: false,
+        tolerated: &[],
+        cost: "",
         expected: "bigint",
-        not_null: false,
-        source: Source::Optional,
         why: "OUTBOX_ORDERING=aggregate orders an aggregate's rows by it as an integer",
+        null: Null::Allowed,
+        source: Source::Optional,
     },
 ];
 
@@ -228,7 +259,11 @@ pub fn check_columns(table: &TableName, columns: &[Column]) -> Vec<Finding> {
                     "it is the producer's column; add it: ALTER TABLE {quoted} ADD COLUMN {} {}{}",
                     need.column,
                     need.expected,
-                    if need.not_null { " NOT NULL" } else { "" }
+                    if need.null == Null::Allowed {
+                        ""
+                    } else {
+                        " NOT NULL"
+                    }
                 ),
             };
             findings.push(Finding {
@@ -238,8 +273,11 @@ pub fn check_columns(table: &TableName, columns: &[Column]) -> Vec<Finding> {
             });
             continue;
         };
-        if !need.any_type && !need.types.contains(&column.base.as_str()) {
-            let (using, caveat) = if column.base == "timestamp" && need.expected == "timestamptz" {
+        let base = column.base.as_str();
+        let fits = need.types.is_empty() || need.types.contains(&base);
+        if !fits {
+            let tolerated = need.tolerated.contains(&base);
+            let (using, caveat) = if base == "timestamp" && need.expected == "timestamptz" {
                 (
                     format!("{} AT TIME ZONE 'UTC'", need.column),
                     "; the USING clause takes the stored times as UTC",
@@ -247,25 +285,35 @@ pub fn check_columns(table: &TableName, columns: &[Column]) -> Vec<Finding> {
             } else {
                 (format!("{}::{}", need.column, need.expected), "")
             };
+            let (severity, consequence) = if tolerated {
+                (Severity::Tolerated, need.cost)
+            } else {
+                (Severity::Unusable, need.why)
+            };
             findings.push(Finding {
-                severity: Severity::Unusable,
+                severity,
                 column: Some(need.column.to_owned()),
                 message: format!(
-                    "{table}.{} is {}, expected {}: {}; convert it (this rewrites the table under an \
-                     exclusive lock{caveat}): ALTER TABLE {quoted} ALTER COLUMN {} TYPE {} USING {using}",
-                    need.column, column.declared, need.expected, need.why, need.column, need.expected
+                    "{table}.{} is {}, expected {}: {consequence}; convert it (this rewrites the table \
+                     under an exclusive lock{caveat}): ALTER TABLE {quoted} ALTER COLUMN {} TYPE {} \
+                     USING {using}",
+                    need.column, column.declared, need.expected, need.column, need.expected
                 ),
             });
-            continue;
         }
-        if need.not_null && !column.not_null {
+        let null_severity = match need.null {
+            _ if column.not_null => None,
+            Null::Allowed => None,
+            Null::Tolerated(consequence) => Some((Severity::Tolerated, consequence)),
+            Null::Unusable(consequence) => Some((Severity::Unusable, consequence)),
+        };
+        if let Some((severity, consequence)) = null_severity {
             findings.push(Finding {
-                severity: Severity::RowsAtRisk,
+                severity,
                 column: Some(need.column.to_owned()),
                 message: format!(
-                    "{table}.{} is nullable, expected NOT NULL: a row with NULL there cannot be published \
-                     (the other rows are); give such rows a value, then: \
-                     ALTER TABLE {quoted} ALTER COLUMN {} SET NOT NULL",
+                    "{table}.{} is nullable, expected NOT NULL: a row with NULL there {consequence}; \
+                     give such rows a value, then: ALTER TABLE {quoted} ALTER COLUMN {} SET NOT NULL",
                     need.column, need.column
                 ),
             });
@@ -379,7 +427,28 @@ mod tests {
     }
 
     #[test]
-    fn a_type_the_claim_cannot_decode_is_unusable_with_the_conversion() {
+    fn a_type_no_row_can_work_with_is_unusable_with_the_conversion() {
+        let columns = with(spec_table(), column("causation_id", "text", false));
+        let findings = check_columns(&table(), &columns);
+        assert_eq!(findings.len(), 1);
+        assert_eq!(findings[0].severity, Severity::Unusable);
+        assert_eq!(findings[0].column.as_deref(), Some("causation_id"));
+        assert!(
+            findings[0].message.contains(
+                r#"ALTER TABLE "app"."outbox_event" ALTER COLUMN causation_id TYPE uuid USING causation_id::uuid"#
+            ),
+            "{}",
+            findings[0].message
+        );
+        let bigint_id = with(spec_table(), column("id", "int8", true));
+        assert_eq!(
+            check_columns(&table(), &bigint_id)[0].severity,
+            Severity::Unusable
+        );
+    }
+
+    #[test]
+    fn a_type_the_claim_casts_is_tolerated_with_its_cost_and_conversion() {
         let columns = with(
             spec_table(),
             Column {
@@ -391,17 +460,17 @@ mod tests {
         );
         let findings = check_columns(&table(), &columns);
         assert_eq!(findings.len(), 1);
-        assert_eq!(findings[0].severity, Severity::Unusable);
-        assert_eq!(findings[0].column.as_deref(), Some("created_at"));
+        assert_eq!(findings[0].severity, Severity::Tolerated);
         assert!(
-            findings[0].message.contains(
-                r#"ALTER TABLE "app"."outbox_event" ALTER COLUMN created_at TYPE timestamptz USING created_at AT TIME ZONE 'UTC'"#
-            ),
+            findings[0].message.contains("session time zone")
+                && findings[0]
+                    .message
+                    .contains("TYPE timestamptz USING created_at AT TIME ZONE 'UTC'"),
             "{}",
             findings[0].message
         );
         let bigint = with(spec_table(), column("attempt_count", "int8", true));
-        assert_eq!(check_columns(&table(), &bigint)[0].severity, Severity::Unusable);
+        assert_eq!(check_columns(&table(), &bigint)[0].severity, Severity::Tolerated);
     }
 
     #[test]
@@ -411,12 +480,16 @@ mod tests {
     }
 
     #[test]
-    fn a_nullable_required_column_puts_rows_at_risk_only() {
+    fn null_is_tolerated_where_it_only_harms_its_own_row() {
         let columns = with(spec_table(), column("aggregate_id", "uuid", false));
         let findings = check_columns(&table(), &columns);
         assert_eq!(findings.len(), 1);
-        assert_eq!(findings[0].severity, Severity::RowsAtRisk);
+        assert_eq!(findings[0].severity, Severity::Tolerated);
+        assert!(findings[0].message.contains("quarantined"));
         assert!(findings[0].message.contains("SET NOT NULL"));
+        // An attempt count of NULL could never be matched when recording.
+        let counter = with(spec_table(), column("attempt_count", "int4", false));
+        assert_eq!(check_columns(&table(), &counter)[0].severity, Severity::Unusable);
     }
 
     #[test]
