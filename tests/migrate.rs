@@ -107,9 +107,20 @@ async fn concurrent_replicas_migrate_safely() {
 }
 
 /// The seed design's columns of every row, as text.
-const SEED_COLUMNS: &str = "SELECT json_build_object('id', id, 'causation_id', causation_id,
-    'event_type', event_type, 'aggregate_id', aggregate_id, 'payload', payload,
-    'created_at', created_at, 'published_at', published_at)::text FROM outbox_event ORDER BY id";
+async fn seed_columns(db: &TestDb) -> Vec<String> {
+    db.client
+        .query(
+            "SELECT json_build_object('id', id, 'causation_id', causation_id,
+                 'event_type', event_type, 'aggregate_id', aggregate_id, 'payload', payload,
+                 'created_at', created_at, 'published_at', published_at)::text FROM outbox_event ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upgrades_a_seed_shaped_table_without_touching_its_rows() {
@@ -139,14 +150,7 @@ async fn upgrades_a_seed_shaped_table_without_touching_its_rows() {
         )
         .await
         .unwrap();
-    let before: Vec<String> = db
-        .client
-        .query(SEED_COLUMNS, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let before = seed_columns(&db).await;
 
     let out = migrate(&db, None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -159,14 +163,7 @@ async fn upgrades_a_seed_shaped_table_without_touching_its_rows() {
         assert!(cols.iter().any(|c| c.0 == added), "{added} added");
     }
     // The original columns of every row are unchanged.
-    let after: Vec<String> = db
-        .client
-        .query(SEED_COLUMNS, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let after = seed_columns(&db).await;
     assert_eq!(before, after);
     // The unpublished seed row is due for the relay; a new producer row
     // without causation works.
