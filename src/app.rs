@@ -42,6 +42,8 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     info!(
         database = %describe_pg(&config.database.pg),
         table = %config.database.table,
+        sslmode = config.database.tls.mode().name(),
+        pooler = ?config.database.pooler,
         sink = sink.kind(),
         http = %config.http_addr,
         "starting"
@@ -71,11 +73,22 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown.clone(),
     ));
     let relay = Relay::new(store.clone(), sink.clone(), config.relay.clone(), metrics.clone());
-    tasks.spawn(crate::store::listen(
-        config.database.clone(),
-        relay.waker(),
-        shutdown.clone(),
-    ));
+    match config.listen.clone() {
+        Some(endpoint) => {
+            tasks.spawn(crate::store::listen(
+                endpoint,
+                config.database.table.clone(),
+                relay.waker(),
+                shutdown.clone(),
+            ));
+        }
+        None => info!(
+            report = "polling_without_listen",
+            poll_interval_ms = config.relay.poll_interval.as_millis() as u64,
+            "no LISTEN behind a transaction pooler without OUTBOX_LISTEN_DATABASE_URL: \
+             new rows are found by polling every OUTBOX_POLL_INTERVAL"
+        ),
+    }
     let relay_shutdown = shutdown.clone();
     tasks.spawn(async move { relay.run(relay_shutdown).await });
     tasks.close();

@@ -19,6 +19,10 @@
 //! - with `OUTBOX_ORDERING=aggregate`, the first delivery of each event
 //!   comes in `(created_at, id)` order within its aggregate.
 //!
+//! One run routes the relays' database connections through PgBouncer in
+//! transaction mode (`OUTBOX_DATABASE_POOLER=transaction`), with the same
+//! chaos and the same checks.
+//!
 //! The chaos schedule comes from a seeded RNG; the seed is printed, and
 //! `OUTBOX_CRASH_SEED=<seed>` replays the same schedule (the interleaving
 //! with the processes still varies: it is timing).
@@ -35,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, QueueAttributeName};
 use common::proxy::Proxy;
+use common::servers::PgBouncer;
 use common::sqs::TestQueue;
 use common::{eventually, RelayProcess, TestBroker, TestDb};
 use futures::StreamExt;
@@ -62,6 +67,9 @@ const SETTLE: Duration = Duration::from_secs(180);
 /// again, and the extra messages slow the broker further (seen: every row
 /// delivered twice, 50 attempts on one row). 2 s (lease 9 s) holds up.
 const RABBITMQ_PUBLISH_TIMEOUT: &str = "2s";
+/// PgBouncer's server connections in the suite's run through it: fewer
+/// than the relays' client connections (three relays, eleven each).
+const PGBOUNCER_SERVER_CONNECTIONS: u32 = 6;
 /// The chance, per first delivery, that the consumer "crashes" before its
 /// commit, and, separately, after its commit but before the ack.
 const CONSUMER_CRASH: f64 = 0.01;
@@ -982,6 +990,15 @@ fn amqp_via(proxy: &Proxy) -> String {
 }
 
 async fn rabbitmq_under_chaos(scenario: Scenario) {
+    rabbitmq_under_chaos_through(scenario, false).await;
+}
+
+/// With `through_pgbouncer`, the relays reach the database through a
+/// PgBouncer of the suite's own in transaction mode
+/// (`OUTBOX_DATABASE_POOLER=transaction`), fewer server connections than
+/// relay connections; the backends the chaos terminates are PgBouncer's
+/// server connections then.
+async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: bool) {
     let started = Instant::now();
     let seed = seed();
     eprintln!(
@@ -995,6 +1012,14 @@ async fn rabbitmq_under_chaos(scenario: Scenario) {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let stop = CancellationToken::new();
     let consumer = start_amqp_consumer(&broker, &consumer_db, seed, ledger.clone(), stop.clone());
+    let bouncer = through_pgbouncer.then(|| {
+        let server = url::Url::parse(&common::pg_admin_url()).expect("OUTBOX_TEST_PG_URL is a URL");
+        PgBouncer::start(
+            server.host_str().expect("a host"),
+            server.port().unwrap_or(5432),
+            PGBOUNCER_SERVER_CONNECTIONS,
+        )
+    });
 
     let mut proxies = Vec::new();
     let mut settings = Vec::new();
@@ -1003,6 +1028,10 @@ async fn rabbitmq_under_chaos(scenario: Scenario) {
         let mut env = relay_settings(&scenario);
         env.extend(broker.env());
         env.push(("OUTBOX_AMQP_URL", amqp_via(&proxy)));
+        if let Some(bouncer) = &bouncer {
+            env.push(("OUTBOX_DATABASE_URL", bouncer.url_for(&db.url)));
+            env.push(("OUTBOX_DATABASE_POOLER", "transaction".to_owned()));
+        }
         settings.push(env);
         proxies.push(proxy);
     }
@@ -1059,6 +1088,26 @@ async fn rabbitmq_relays_killed_and_cut_at_random_lose_nothing_and_effects_apply
         ordering: false,
         unroutable_every: 100,
     })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_through_pgbouncer_in_transaction_mode_under_chaos_loses_nothing() {
+    rabbitmq_under_chaos_through(
+        Scenario {
+            name: "rabbitmq through pgbouncer",
+            // Half the main run: the same chaos, a smaller budget.
+            events: 10_000,
+            aggregates: 200,
+            produce_for: Duration::from_secs(15),
+            chaos_for: Duration::from_secs(20),
+            publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
+            workers: 4,
+            ordering: false,
+            unroutable_every: 100,
+        },
+        true,
+    )
     .await;
 }
 

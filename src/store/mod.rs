@@ -3,23 +3,29 @@
 //! validated, quoted outbox table name.
 
 mod admin;
+mod connect;
 mod listen;
 mod migrate;
+mod pooler;
 mod table;
 
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use thiserror::Error;
-use tokio_postgres::NoTls;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use crate::event::Event;
 
 pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
+pub use connect::{PgTls, SslMode};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
-pub use table::{describe_pg, DatabaseConfig, TableName};
+pub use pooler::Pooler;
+pub use table::{describe_pg, DatabaseConfig, Endpoint, TableName};
+
+use pooler::{Param, Session};
 
 /// A database failure. The messages come from PostgreSQL or the driver and
 /// never include the connection password.
@@ -45,7 +51,9 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        let cause_text = cause.to_string();
+        // rustls names a certificate problem by its enum variant
+        // (UnknownIssuer); an operator needs the words.
+        let cause_text = crate::tls::describe(cause).unwrap_or_else(|| cause.to_string());
         if !text.contains(&cause_text) {
             text.push_str(": ");
             text.push_str(&cause_text);
@@ -107,9 +115,35 @@ impl Statements {
 /// Default bound on one statement; a hung database must not hang the relay.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
+const PLANNER_SETTINGS: &str = include_str!("sql/planner_settings.sql");
+
+/// Opens the pool's connections with the URL's TLS settings and libpq's
+/// `sslmode` fallbacks.
+struct TlsConnect(PgTls);
+
+impl deadpool_postgres::Connect for TlsConnect {
+    fn connect(
+        &self,
+        pg: &tokio_postgres::Config,
+    ) -> futures::future::BoxFuture<'_, Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>>
+    {
+        let pg = pg.clone();
+        Box::pin(async move {
+            let (client, connection) = self.0.connect(&pg).await?;
+            let task = tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %with_causes(&e), "database connection ended");
+                }
+            });
+            Ok((client, task))
+        })
+    }
+}
+
 /// The outbox table, through a connection pool.
 pub struct Store {
     pool: Pool,
+    pooler: Pooler,
     table: TableName,
     sql: Statements,
     /// Whether the table has a `sequence_number` column, looked up at the
@@ -128,20 +162,20 @@ impl Store {
         if pg.get_application_name().is_none() {
             pg.application_name("outbox-relay");
         }
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             pg,
-            NoTls,
+            TlsConnect(config.tls.clone()),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let builder = Pool::builder(manager)
             .max_size(pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(10)))
             .create_timeout(Some(Duration::from_secs(10)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            // Two planner settings for the relay's own connections, both
+            .recycle_timeout(Some(Duration::from_secs(5)));
+        // Two planner settings for the relay's own connections, both
             // found under load in the benchmark:
             //
             // - plan_cache_mode: plan every statement for its parameters and
@@ -157,23 +191,30 @@ impl Store {
             //   pending index in order and stopping after a batch. Every
             //   statement here is written for a plain index scan.
             //
-            // SETs, not startup options, so poolers that refuse startup
-            // options still connect.
-            .post_create(Hook::async_fn(|client, _| {
+        //
+        // set_config, not startup options, so poolers that refuse startup
+        // options still connect. Behind a transaction pooler they are set
+        // in the claim's own transaction instead (see `claim`).
+        let builder = match config.pooler {
+            Pooler::None => builder.post_create(Hook::async_fn(|client, _| {
                 Box::pin(async move {
                     client
-                        .simple_query("SET plan_cache_mode = force_custom_plan; SET enable_bitmapscan = off")
+                        .query_typed(PLANNER_SETTINGS, &[(&false, Type::BOOL)])
                         .await
                         .map_err(HookError::Backend)?;
                     Ok(())
                 })
-            }))
+            })),
+            Pooler::Transaction => builder,
+        };
+        let pool = builder
             .build()
             // Building only fails without a runtime for the timeouts, and
             // one is set just above.
             .expect("pool has a runtime for its timeouts");
         Self {
             pool,
+            pooler: config.pooler,
             table: config.table.clone(),
             sql: Statements::for_table(&config.table),
             has_sequence_column: tokio::sync::OnceCell::new(),
@@ -215,10 +256,20 @@ impl Store {
             Ordering::Aggregate => &self.sql.claim_ordered,
         };
         bounded(async {
-            let client = self.pool.get().await?;
-            let statement = client.prepare_cached(sql).await?;
+            let mut client = self.pool.get().await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-            let rows = client.query(&statement, &[&i64::from(limit), &lease_ms]).await?;
+            let params: [Param<'_>; 2] = [(&i64::from(limit), Type::INT8), (&lease_ms, Type::INT8)];
+            let rows = match self.pooler {
+                Pooler::None => Session::client(self.pooler, &client).query(sql, &params).await?,
+                Pooler::Transaction => {
+                    let tx = client.transaction().await?;
+                    let session = Session::transaction(self.pooler, &tx);
+                    session.query(PLANNER_SETTINGS, &[(&true, Type::BOOL)]).await?;
+                    let rows = session.query(sql, &params).await?;
+                    tx.commit().await?;
+                    rows
+                }
+            };
             let mut events: Vec<Event> = rows
                 .iter()
                 .map(|row| Event {
@@ -245,10 +296,10 @@ impl Store {
             .get_or_try_init(|| {
                 bounded(async {
                     let client = self.pool.get().await?;
-                    let row = client
+                    let row = Session::client(self.pooler, &client)
                         .query_one(
                             include_str!("sql/has_sequence_column.sql"),
-                            &[&self.table.quoted()],
+                            &[(&self.table.quoted(), Type::TEXT)],
                         )
                         .await?;
                     Ok(row.get(0))
@@ -260,12 +311,14 @@ impl Store {
 
     /// Marks confirmed rows published.
     pub async fn mark_published(&self, ids: &[Uuid]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.mark_published, &[&ids]).await
+        self.execute(&self.sql.mark_published, &[(&ids, Type::UUID_ARRAY)])
+            .await
     }
 
     /// Deletes confirmed rows (`OUTBOX_ON_PUBLISH=delete`).
     pub async fn delete_published(&self, ids: &[Uuid]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.delete_published, &[&ids]).await
+        self.execute(&self.sql.delete_published, &[(&ids, Type::UUID_ARRAY)])
+            .await
     }
 
     /// Records failed attempts: each row's error and its delay before the
@@ -281,25 +334,31 @@ impl Store {
             .iter()
             .map(|delay| i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
             .collect();
-        self.execute(&self.sql.reschedule, &[&ids, &errors, &delays])
-            .await
+        self.execute(
+            &self.sql.reschedule,
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&errors, Type::TEXT_ARRAY),
+                (&delays, Type::INT8_ARRAY),
+            ],
+        )
+        .await
     }
 
     /// Quarantines rows with their reasons (columns of the same rows).
     pub async fn quarantine(&self, ids: &[Uuid], errors: &[&str]) -> Result<u64, StoreError> {
         let errors = last_errors(errors);
-        self.execute(&self.sql.quarantine, &[&ids, &errors]).await
+        self.execute(
+            &self.sql.quarantine,
+            &[(&ids, Type::UUID_ARRAY), (&errors, Type::TEXT_ARRAY)],
+        )
+        .await
     }
 
-    async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         bounded(async {
             let client = self.pool.get().await?;
-            let statement = client.prepare_cached(sql).await?;
-            Ok(client.execute(&statement, params).await?)
+            Ok(Session::client(self.pooler, &client).execute(sql, params).await?)
         })
         .await
     }

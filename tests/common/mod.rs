@@ -5,6 +5,7 @@
 
 pub mod proxy;
 pub mod rows;
+pub mod servers;
 pub mod sqs;
 
 use std::collections::HashMap;
