@@ -369,7 +369,7 @@ fn describe_rustls(error: &rustls::Error) -> String {
 fn describe_certificate(error: &CertificateError) -> String {
     match error {
         CertificateError::UnknownIssuer => {
-            "server certificate is not signed by a trusted CA (unknown CA): check the CA file".to_owned()
+            "server certificate is not signed by a trusted CA (unknown CA): check the CA file (sslrootcert, OUTBOX_AMQP_CA_FILE)".to_owned()
         }
         CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
             format!("server certificate has expired ({error})")

@@ -37,6 +37,16 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Asserts that `check` failed with exit status `code`, saying `reason`.
+#[track_caller]
+fn assert_refused(output: &Output, code: i32, reason: &str) {
+    let text = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "{text}");
+    assert!(text.contains(reason), "check should say {reason:?}, said: {text}");
+    assert!(!text.contains("guest:guest"), "the password is echoed: {text}");
+    eprintln!("refused, as it should be: {}", text.lines().last().unwrap_or_default());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn amqps_with_the_ca_file_delivers_and_without_it_names_the_certificate_problem() {
     let certs = Certs::generate("relay");
@@ -50,34 +60,26 @@ async fn amqps_with_the_ca_file_delivers_and_without_it_names_the_certificate_pr
     assert!(output.status.success(), "check over amqps: {}", stderr(&output));
 
     // The system's CAs do not know the test CA.
-    let output = check(&db, &[("OUTBOX_AMQP_URL", &url)]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-    assert!(stderr(&output).contains("unknown CA"), "{}", stderr(&output));
-    assert!(!stderr(&output).contains("guest:guest"), "the password is echoed: {}", stderr(&output));
+    assert_refused(&check(&db, &[("OUTBOX_AMQP_URL", &url)]), 1, "unknown CA");
 
     // Another CA's file: refused too.
     let output = check(
         &db,
         &[("OUTBOX_AMQP_URL", &url), ("OUTBOX_AMQP_CA_FILE", &certs.path("other-ca.pem"))],
     );
-    assert!(stderr(&output).contains("unknown CA"), "{}", stderr(&output));
+    assert_refused(&output, 1, "unknown CA");
 
     // The certificate names `localhost`, not 127.0.0.1.
     let by_address = url.replace("localhost", "127.0.0.1");
     let output = check(&db, &[("OUTBOX_AMQP_URL", &by_address), ("OUTBOX_AMQP_CA_FILE", &ca)]);
-    assert!(stderr(&output).contains("name mismatch"), "{}", stderr(&output));
+    assert_refused(&output, 1, "name mismatch");
 
     // A missing CA file is a configuration error.
     let output = check(
         &db,
         &[("OUTBOX_AMQP_URL", &url), ("OUTBOX_AMQP_CA_FILE", "/nonexistent/ca.pem")],
     );
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("OUTBOX_AMQP_CA_FILE: cannot read /nonexistent/ca.pem"),
-        "{}",
-        stderr(&output)
-    );
+    assert_refused(&output, 2, "OUTBOX_AMQP_CA_FILE: cannot read /nonexistent/ca.pem");
 
     let ids = db.insert_events(200, "amqps.created").await;
     let mut env = quick_settings();
@@ -113,8 +115,7 @@ async fn mutual_tls_presents_the_client_certificate_the_broker_requires() {
     assert!(output.status.success(), "check with a client certificate: {}", stderr(&output));
 
     let output = check(&db, &[("OUTBOX_AMQP_URL", &url), ("OUTBOX_AMQP_CA_FILE", &ca)]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-    assert!(stderr(&output).contains("client certificate"), "{}", stderr(&output));
+    assert_refused(&output, 1, "requires a client certificate");
 
     let output = check(
         &db,
@@ -125,8 +126,7 @@ async fn mutual_tls_presents_the_client_certificate_the_broker_requires() {
             ("OUTBOX_AMQP_CLIENT_KEY_FILE", &certs.path("other-client.key")),
         ],
     );
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-    assert!(stderr(&output).contains("client certificate"), "{}", stderr(&output));
+    assert_refused(&output, 1, "rejected the client certificate");
 
     let ids = db.insert_events(50, "mtls.created").await;
     let mut env = quick_settings();

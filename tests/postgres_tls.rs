@@ -44,6 +44,7 @@ fn assert_refused(url: &str, reason: &str) -> String {
     let text = stderr(&output);
     assert_eq!(output.status.code(), Some(1), "check with {url} should fail: {text}");
     assert!(text.contains(reason), "check with {url} should say {reason:?}, said: {text}");
+    eprintln!("refused, as it should be: {}", text.lines().last().unwrap_or_default());
     text
 }
 
@@ -127,16 +128,18 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
 
     // An expired server certificate (the server reloads its certificate
     // files on SIGHUP).
-    cluster
-        .admin()
-        .await
-        .batch_execute(&format!(
-            "ALTER SYSTEM SET ssl_cert_file = '{}'; ALTER SYSTEM SET ssl_key_file = '{}'; SELECT pg_reload_conf()",
-            certs.path("expired.pem"),
-            certs.path("expired.key")
-        ))
-        .await
-        .expect("switch to the expired certificate");
+    let admin = cluster.admin().await;
+    // One statement each: ALTER SYSTEM refuses to run in a transaction block.
+    for statement in [
+        format!("ALTER SYSTEM SET ssl_cert_file = '{}'", certs.path("expired.pem")),
+        format!("ALTER SYSTEM SET ssl_key_file = '{}'", certs.path("expired.key")),
+        "SELECT pg_reload_conf()".to_owned(),
+    ] {
+        admin
+            .batch_execute(&statement)
+            .await
+            .expect("switch to the expired certificate");
+    }
     let url = by_name(&format!("sslmode=verify-full&sslrootcert={ca}"));
     eventually(Duration::from_secs(30), "the server presents the expired certificate", || {
         let url = url.clone();
