@@ -666,14 +666,20 @@ mod tests {
         let listen = ListenSettings {
             listen_database_url: None,
         };
-        let endpoint = listen.validate(&none).unwrap().expect("listens on the database URL");
+        let endpoint = listen
+            .validate(&none)
+            .unwrap()
+            .expect("listens on the database URL");
         assert_eq!(endpoint.pg.get_ports(), &[6432]);
         let pooled = database("transaction").validate().unwrap();
         assert!(listen.validate(&pooled).unwrap().is_none());
         let direct = ListenSettings {
             listen_database_url: Some("postgres://relay@db:5432/shop".into()),
         };
-        let endpoint = direct.validate(&pooled).unwrap().expect("listens on the direct URL");
+        let endpoint = direct
+            .validate(&pooled)
+            .unwrap()
+            .expect("listens on the direct URL");
         assert_eq!(endpoint.pg.get_ports(), &[5432]);
         assert_eq!(
             database("session").validate().unwrap_err().to_string(),

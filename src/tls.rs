@@ -23,7 +23,9 @@ use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvi
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::ParsedCertificate;
-use rustls::{AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 /// The one crypto provider of the process. Passed explicitly rather than
 /// installed as the process default, so nothing depends on which library
@@ -70,7 +72,9 @@ pub struct Identity {
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never the key.
-        f.debug_struct("Identity").field("certs", &self.certs.len()).finish()
+        f.debug_struct("Identity")
+            .field("certs", &self.certs.len())
+            .finish()
     }
 }
 
@@ -125,9 +129,12 @@ pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, Fi
 pub fn read_roots(path: &Path) -> Result<RootCertStore, FileError> {
     let mut roots = RootCertStore::empty();
     for cert in read_certificates(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| FileError(format!("{} holds a certificate that cannot be a CA: {e}", path.display())))?;
+        roots.add(cert).map_err(|e| {
+            FileError(format!(
+                "{} holds a certificate that cannot be a CA: {e}",
+                path.display()
+            ))
+        })?;
     }
     Ok(roots)
 }
@@ -139,11 +146,7 @@ pub fn system_roots() -> Result<RootCertStore, FileError> {
     let mut roots = RootCertStore::empty();
     let (_, _ignored) = roots.add_parsable_certificates(found.certs);
     if roots.is_empty() {
-        let why = found
-            .errors
-            .first()
-            .map(|e| format!(": {e}"))
-            .unwrap_or_default();
+        let why = found.errors.first().map(|e| format!(": {e}")).unwrap_or_default();
         return Err(FileError(format!(
             "no system CA certificates found (install ca-certificates, or set SSL_CERT_FILE){why}"
         )));
@@ -164,7 +167,10 @@ pub fn read_identity(cert_path: &Path, key_path: &Path) -> Result<Identity, (Whi
         };
         (
             Which::Key,
-            FileError(format!("{} is not a PEM private key: {e}{hint}", key_path.display())),
+            FileError(format!(
+                "{} is not a PEM private key: {e}{hint}",
+                key_path.display()
+            )),
         )
     })?;
     let identity = Identity { certs, key };
@@ -297,7 +303,12 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -306,11 +317,18 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -442,12 +460,17 @@ mod tests {
         let expired = rustls::Error::InvalidCertificate(CertificateError::Expired);
         assert!(describe(&expired).unwrap().contains("expired"));
         let required = rustls::Error::AlertReceived(AlertDescription::CertificateRequired);
-        assert!(describe(&required).unwrap().contains("requires a client certificate"));
+        assert!(describe(&required)
+            .unwrap()
+            .contains("requires a client certificate"));
     }
 
     #[test]
     fn missing_files_name_the_path_and_reason() {
         let error = read_certificates(Path::new("/nonexistent/ca.pem")).unwrap_err();
-        assert_eq!(error.0, "cannot read /nonexistent/ca.pem: No such file or directory");
+        assert_eq!(
+            error.0,
+            "cannot read /nonexistent/ca.pem: No such file or directory"
+        );
     }
 }

@@ -30,7 +30,9 @@ fn amqps_url(tunnel: &Stunnel) -> String {
 }
 
 fn check(db: &TestDb, env: &[(&str, &str)]) -> Output {
-    db.relay_command(&["check"], env).output().expect("run outbox-relay check")
+    db.relay_command(&["check"], env)
+        .output()
+        .expect("run outbox-relay check")
 }
 
 fn stderr(output: &Output) -> String {
@@ -44,7 +46,10 @@ fn assert_refused(output: &Output, code: i32, reason: &str) {
     assert_eq!(output.status.code(), Some(code), "{text}");
     assert!(text.contains(reason), "check should say {reason:?}, said: {text}");
     assert!(!text.contains("guest:guest"), "the password is echoed: {text}");
-    eprintln!("refused, as it should be: {}", text.lines().last().unwrap_or_default());
+    eprintln!(
+        "refused, as it should be: {}",
+        text.lines().last().unwrap_or_default()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -65,19 +70,28 @@ async fn amqps_with_the_ca_file_delivers_and_without_it_names_the_certificate_pr
     // Another CA's file: refused too.
     let output = check(
         &db,
-        &[("OUTBOX_AMQP_URL", &url), ("OUTBOX_AMQP_CA_FILE", &certs.path("other-ca.pem"))],
+        &[
+            ("OUTBOX_AMQP_URL", &url),
+            ("OUTBOX_AMQP_CA_FILE", &certs.path("other-ca.pem")),
+        ],
     );
     assert_refused(&output, 1, "unknown CA");
 
     // The certificate names `localhost`, not 127.0.0.1.
     let by_address = url.replace("localhost", "127.0.0.1");
-    let output = check(&db, &[("OUTBOX_AMQP_URL", &by_address), ("OUTBOX_AMQP_CA_FILE", &ca)]);
+    let output = check(
+        &db,
+        &[("OUTBOX_AMQP_URL", &by_address), ("OUTBOX_AMQP_CA_FILE", &ca)],
+    );
     assert_refused(&output, 1, "name mismatch");
 
     // A missing CA file is a configuration error.
     let output = check(
         &db,
-        &[("OUTBOX_AMQP_URL", &url), ("OUTBOX_AMQP_CA_FILE", "/nonexistent/ca.pem")],
+        &[
+            ("OUTBOX_AMQP_URL", &url),
+            ("OUTBOX_AMQP_CA_FILE", "/nonexistent/ca.pem"),
+        ],
     );
     assert_refused(&output, 2, "OUTBOX_AMQP_CA_FILE: cannot read /nonexistent/ca.pem");
 
@@ -112,7 +126,11 @@ async fn mutual_tls_presents_the_client_certificate_the_broker_requires() {
             ("OUTBOX_AMQP_CLIENT_KEY_FILE", &key),
         ],
     );
-    assert!(output.status.success(), "check with a client certificate: {}", stderr(&output));
+    assert!(
+        output.status.success(),
+        "check with a client certificate: {}",
+        stderr(&output)
+    );
 
     let output = check(&db, &[("OUTBOX_AMQP_URL", &url), ("OUTBOX_AMQP_CA_FILE", &ca)]);
     assert_refused(&output, 1, "requires a client certificate");

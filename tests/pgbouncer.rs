@@ -79,7 +79,10 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
     // `migrate` works through the pooler: one transaction, a
     // transaction-level lock, unnamed statements.
     let env: Vec<(&str, &str)> = through_pooler.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let migrate = db.relay_command(&["migrate"], &env).output().expect("run migrate");
+    let migrate = db
+        .relay_command(&["migrate"], &env)
+        .output()
+        .expect("run migrate");
     assert!(
         migrate.status.success(),
         "migrate through PgBouncer: {}\nPgBouncer log:\n{}",
@@ -136,10 +139,14 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
         ("enable_bitmapscan".to_owned(), "on".to_owned()),
     ]
     .into();
-    assert_eq!(seen, defaults, "another client of the pool saw the relay's settings");
+    assert_eq!(
+        seen, defaults,
+        "another client of the pool saw the relay's settings"
+    );
 
     drop(relays);
-    let log = log.lock().unwrap();
+    broker.cleanup().await;
+    let log = log.lock().unwrap().clone();
     assert!(
         !log.contains("prepared statement"),
         "prepared statement errors through PgBouncer:\n{log}"
@@ -155,5 +162,4 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
         })
         .count();
     assert_eq!(polling, 2, "one polling notice per relay:\n{log}");
-    broker.cleanup().await;
 }

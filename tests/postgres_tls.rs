@@ -42,9 +42,19 @@ fn assert_connects(cluster: &PgCluster, url: &str) {
 fn assert_refused(url: &str, reason: &str) -> String {
     let output = check(url);
     let text = stderr(&output);
-    assert_eq!(output.status.code(), Some(1), "check with {url} should fail: {text}");
-    assert!(text.contains(reason), "check with {url} should say {reason:?}, said: {text}");
-    eprintln!("refused, as it should be: {}", text.lines().last().unwrap_or_default());
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "check with {url} should fail: {text}"
+    );
+    assert!(
+        text.contains(reason),
+        "check with {url} should say {reason:?}, said: {text}"
+    );
+    eprintln!(
+        "refused, as it should be: {}",
+        text.lines().last().unwrap_or_default()
+    );
     text
 }
 
@@ -60,7 +70,9 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
     cluster
         .admin()
         .await
-        .batch_execute("SET password_encryption = 'scram-sha-256'; CREATE ROLE scram_user LOGIN PASSWORD 'scram-secret'")
+        .batch_execute(
+            "SET password_encryption = 'scram-sha-256'; CREATE ROLE scram_user LOGIN PASSWORD 'scram-secret'",
+        )
         .await
         .expect("create the SCRAM user");
     let (ca, other_ca) = (certs.path("ca.pem"), certs.path("other-ca.pem"));
@@ -77,13 +89,19 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
     // `require`: encrypted, the certificate not checked at all.
     assert_connects(&cluster, &by_address("sslmode=require"));
     // `verify-ca`: the chain is checked, the host name is not.
-    assert_connects(&cluster, &by_address(&format!("sslmode=verify-ca&sslrootcert={ca}")));
+    assert_connects(
+        &cluster,
+        &by_address(&format!("sslmode=verify-ca&sslrootcert={ca}")),
+    );
     assert_refused(
         &by_address(&format!("sslmode=verify-ca&sslrootcert={other_ca}")),
         "unknown CA",
     );
     // `verify-full`: both.
-    assert_connects(&cluster, &by_name(&format!("sslmode=verify-full&sslrootcert={ca}")));
+    assert_connects(
+        &cluster,
+        &by_name(&format!("sslmode=verify-full&sslrootcert={ca}")),
+    );
     assert_refused(
         &by_name(&format!("sslmode=verify-full&sslrootcert={other_ca}")),
         "unknown CA",
@@ -100,7 +118,9 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
     // The key=value form takes the same parameters.
     assert_connects(
         &cluster,
-        &format!("host=localhost port={port} user=postgres dbname=postgres sslmode=verify-full sslrootcert='{ca}'"),
+        &format!(
+            "host=localhost port={port} user=postgres dbname=postgres sslmode=verify-full sslrootcert='{ca}'"
+        ),
     );
     // SCRAM over TLS binds the authentication to the TLS channel
     // (SCRAM-SHA-256-PLUS) when asked to require it.
@@ -121,7 +141,8 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
     let output = check(&by_name("sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"));
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert!(
-        stderr(&output).contains("OUTBOX_DATABASE_URL: sslrootcert: cannot read /nonexistent/ca.pem: No such file"),
+        stderr(&output)
+            .contains("OUTBOX_DATABASE_URL: sslrootcert: cannot read /nonexistent/ca.pem: No such file"),
         "{}",
         stderr(&output)
     );
@@ -141,10 +162,14 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
             .expect("switch to the expired certificate");
     }
     let url = by_name(&format!("sslmode=verify-full&sslrootcert={ca}"));
-    eventually(Duration::from_secs(30), "the server presents the expired certificate", || {
-        let url = url.clone();
-        async move { stderr(&check(&url)).contains("has expired") }
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the server presents the expired certificate",
+        || {
+            let url = url.clone();
+            async move { stderr(&check(&url)).contains("has expired") }
+        },
+    )
     .await;
 }
 
@@ -183,7 +208,11 @@ async fn client_certificates_are_presented_when_the_server_requires_them() {
         certs.path("other-client.key")
     )));
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-    assert!(stderr(&output).contains("OUTBOX_DATABASE_URL: sslkey:"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("OUTBOX_DATABASE_URL: sslkey:"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -201,9 +230,10 @@ async fn prefer_upgrades_to_tls_and_the_relay_publishes_over_it() {
     // TestDb drives the relay and the rows through its URL and client; the
     // database lives on the private cluster.
     let url = format!("postgres://postgres@127.0.0.1:{}/{name}", cluster.port);
-    let (client, connection) = tokio_postgres::connect(&format!("{url}?sslmode=disable"), tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test database");
+    let (client, connection) =
+        tokio_postgres::connect(&format!("{url}?sslmode=disable"), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test database");
     tokio::spawn(connection);
     let db = TestDb {
         name: name.clone(),

@@ -140,7 +140,9 @@ impl Store {
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
             let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
-            let row = Session::transaction(self.pooler, &tx).query_one(&sql, &[]).await?;
+            let row = Session::transaction(self.pooler, &tx)
+                .query_one(&sql, &[])
+                .await?;
             tx.commit().await?;
             Ok(Backlog {
                 unpublished: row.get(0),
@@ -266,7 +268,9 @@ impl Store {
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
             let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
-            let changed = Session::transaction(self.pooler, &tx).execute(sql, params).await?;
+            let changed = Session::transaction(self.pooler, &tx)
+                .execute(sql, params)
+                .await?;
             tx.commit().await?;
             Ok(changed)
         })

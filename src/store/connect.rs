@@ -114,10 +114,9 @@ impl PgTls {
             SslMode::Allow => match self.attempt(pg, DriverSslMode::Disable).await {
                 // The server answered and refused (pg_hba.conf has only
                 // hostssl for us, say): libpq then tries again with TLS.
-                Err(plain) if plain.as_db_error().is_some() => self
-                    .attempt(pg, DriverSslMode::Require)
-                    .await
-                    .map_err(|_| plain),
+                Err(plain) if plain.as_db_error().is_some() => {
+                    self.attempt(pg, DriverSslMode::Require).await.map_err(|_| plain)
+                }
                 other => other,
             },
             SslMode::Prefer => match self.attempt(pg, DriverSslMode::Prefer).await {
@@ -360,7 +359,9 @@ fn tls_from(params: &TlsParams) -> Result<PgTls, String> {
     let identity = match (params.sslcert.as_deref(), params.sslkey.as_deref()) {
         (None, None) => None,
         (Some(_), None) => return Err("sslcert: needs sslkey, the file of its private key".to_owned()),
-        (None, Some(_)) => return Err("sslkey: needs sslcert, the client certificate it goes with".to_owned()),
+        (None, Some(_)) => {
+            return Err("sslkey: needs sslcert, the client certificate it goes with".to_owned())
+        }
         (Some(cert), Some(key)) => Some(tls::read_identity(&file(cert)?, &file(key)?).map_err(
             |(which, e)| match which {
                 Which::Cert => format!("sslcert: {e}"),
@@ -418,7 +419,10 @@ mod tests {
             "OUTBOX_DATABASE_URL: sslrootcert: cannot read /x/ca.pem: No such file or directory"
         );
         let error = parsed("host=h sslcert=/x/c.pem sslkey=/x/k.pem").unwrap_err();
-        assert!(error.starts_with("OUTBOX_DATABASE_URL: sslcert: cannot read /x/c.pem"), "{error}");
+        assert!(
+            error.starts_with("OUTBOX_DATABASE_URL: sslcert: cannot read /x/c.pem"),
+            "{error}"
+        );
         let error = parsed("postgres://h/db?sslcert=/x/c.pem").unwrap_err();
         assert!(error.contains("sslcert: needs sslkey"), "{error}");
     }
@@ -428,7 +432,10 @@ mod tests {
         let error = parsed("postgres://h/db?sslmode=verify-ca").unwrap_err();
         assert!(error.contains("sslmode: verify-ca needs sslrootcert"), "{error}");
         let error = parsed("postgres://h/db?sslmode=require&sslrootcert=system").unwrap_err();
-        assert!(error.contains("may not be used with sslrootcert=system"), "{error}");
+        assert!(
+            error.contains("may not be used with sslrootcert=system"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -125,8 +125,10 @@ impl deadpool_postgres::Connect for TlsConnect {
     fn connect(
         &self,
         pg: &tokio_postgres::Config,
-    ) -> futures::future::BoxFuture<'_, Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>>
-    {
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
         let pg = pg.clone();
         Box::pin(async move {
             let (client, connection) = self.0.connect(&pg).await?;
@@ -176,21 +178,21 @@ impl Store {
             .create_timeout(Some(Duration::from_secs(10)))
             .recycle_timeout(Some(Duration::from_secs(5)));
         // Two planner settings for the relay's own connections, both
-            // found under load in the benchmark:
-            //
-            // - plan_cache_mode: plan every statement for its parameters and
-            //   the table as it is now. A prepared statement otherwise
-            //   settles on a generic plan after five runs, costed for the
-            //   table as it was: a relay started beside an empty outbox kept
-            //   a mark plan that walked every unpublished row.
-            // - enable_bitmapscan: an outbox swings from almost nothing
-            //   unpublished (when ANALYZE usually samples it) to a large
-            //   backlog (when speed matters). On such stale estimates the
-            //   claim chose a bitmap scan of the whole backlog and a sort,
-            //   136 ms a batch at 50,000 rows behind, instead of walking the
-            //   pending index in order and stopping after a batch. Every
-            //   statement here is written for a plain index scan.
-            //
+        // found under load in the benchmark:
+        //
+        // - plan_cache_mode: plan every statement for its parameters and
+        //   the table as it is now. A prepared statement otherwise
+        //   settles on a generic plan after five runs, costed for the
+        //   table as it was: a relay started beside an empty outbox kept
+        //   a mark plan that walked every unpublished row.
+        // - enable_bitmapscan: an outbox swings from almost nothing
+        //   unpublished (when ANALYZE usually samples it) to a large
+        //   backlog (when speed matters). On such stale estimates the
+        //   claim chose a bitmap scan of the whole backlog and a sort,
+        //   136 ms a batch at 50,000 rows behind, instead of walking the
+        //   pending index in order and stopping after a batch. Every
+        //   statement here is written for a plain index scan.
+        //
         //
         // set_config, not startup options, so poolers that refuse startup
         // options still connect. Behind a transaction pooler they are set

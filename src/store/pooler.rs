@@ -64,7 +64,11 @@ impl<'c, 't> Session<'c, 't> {
     }
 
     /// The rows `sql` returns.
-    pub(super) async fn query(&self, sql: &str, params: &[Param<'_>]) -> Result<Vec<Row>, tokio_postgres::Error> {
+    pub(super) async fn query(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
         match self.pooler {
             Pooler::None => {
                 let (types, values) = split(params);
@@ -87,7 +91,11 @@ impl<'c, 't> Session<'c, 't> {
     }
 
     /// The one row `sql` returns (an error if it returns another number).
-    pub(super) async fn query_one(&self, sql: &str, params: &[Param<'_>]) -> Result<Row, tokio_postgres::Error> {
+    pub(super) async fn query_one(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Row, tokio_postgres::Error> {
         match self.pooler {
             Pooler::None => {
                 let (types, values) = split(params);
@@ -110,7 +118,11 @@ impl<'c, 't> Session<'c, 't> {
     }
 
     /// The number of rows `sql` changed.
-    pub(super) async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, tokio_postgres::Error> {
+    pub(super) async fn execute(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64, tokio_postgres::Error> {
         match self.pooler {
             Pooler::None => {
                 let (types, values) = split(params);

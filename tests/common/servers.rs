@@ -92,7 +92,9 @@ impl TempDir {
     /// Gives every file in the directory to the `postgres` user.
     fn chown_all(&self) {
         run(
-            Command::new("chown").args(["-R", "postgres:postgres"]).arg(&self.path),
+            Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&self.path),
             "chown -R",
         );
     }
@@ -123,7 +125,14 @@ impl Certs {
             run(
                 Command::new(&openssl)
                     .current_dir(dir)
-                    .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
+                    .args([
+                        "genpkey",
+                        "-algorithm",
+                        "EC",
+                        "-pkeyopt",
+                        "ec_paramgen_curve:P-256",
+                        "-out",
+                    ])
                     .arg(format!("{name}.key")),
                 "openssl genpkey",
             );
@@ -190,7 +199,13 @@ impl Certs {
         leaf("server", "ca", "/CN=localhost", server, "2");
         leaf("expired", "ca", "/CN=localhost", server, "-1");
         leaf("client", "ca", &format!("/CN={client_user}"), client, "2");
-        leaf("other-client", "other-ca", &format!("/CN={client_user}"), client, "2");
+        leaf(
+            "other-client",
+            "other-ca",
+            &format!("/CN={client_user}"),
+            client,
+            "2",
+        );
         certs.dir.chown_all();
         // PostgreSQL refuses a key file others can read.
         for entry in std::fs::read_dir(dir).expect("list certificates") {
@@ -227,7 +242,13 @@ impl PgCluster {
         let data = dir.path.join("data");
         run(
             as_postgres(&bin.join("initdb"))
-                .args(["--auth=trust", "--username=postgres", "--no-sync", "--encoding=UTF8", "-D"])
+                .args([
+                    "--auth=trust",
+                    "--username=postgres",
+                    "--no-sync",
+                    "--encoding=UTF8",
+                    "-D",
+                ])
                 .arg(&data),
             "initdb",
         );
@@ -247,7 +268,8 @@ impl PgCluster {
             ca = certs.path("ca.pem"),
         );
         append(&data.join("postgresql.conf"), &conf);
-        std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}\n")).expect("write pg_hba.conf");
+        std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}\n"))
+            .expect("write pg_hba.conf");
         dir.chown_all();
         let log = dir.path.join("postgres.log");
         run(
@@ -405,7 +427,10 @@ impl Stunnel {
         let port = free_port();
         let log = dir.path.join("stunnel.log");
         let client_auth = if require_client_cert {
-            format!("CAfile = {}\nverifyChain = yes\nrequireCert = yes\n", certs.path("ca.pem"))
+            format!(
+                "CAfile = {}\nverifyChain = yes\nrequireCert = yes\n",
+                certs.path("ca.pem")
+            )
         } else {
             String::new()
         };

@@ -258,11 +258,17 @@ mod tests {
     #[test]
     fn certificate_files_name_their_variable() {
         let plain = AmqpConfig::parse("amqp://guest:guest@h:5672/%2f", "x", "{event_type}").unwrap();
-        let error = plain.clone().with_tls_files(Some("/x/ca.pem"), None, None).unwrap_err();
+        let error = plain
+            .clone()
+            .with_tls_files(Some("/x/ca.pem"), None, None)
+            .unwrap_err();
         assert_eq!(error.variable, "OUTBOX_AMQP_CA_FILE");
         assert!(plain.with_tls_files(None, None, None).unwrap().tls.is_none());
         let secure = AmqpConfig::parse("amqps://guest:hunter2@h/%2f", "x", "{event_type}").unwrap();
-        let error = secure.clone().with_tls_files(Some("/x/ca.pem"), None, None).unwrap_err();
+        let error = secure
+            .clone()
+            .with_tls_files(Some("/x/ca.pem"), None, None)
+            .unwrap_err();
         assert_eq!(
             error.to_string(),
             "OUTBOX_AMQP_CA_FILE: cannot read /x/ca.pem: No such file or directory"
