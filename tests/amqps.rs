@@ -6,8 +6,8 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::servers::{Certs, Stunnel};
-use common::{quick_settings, RelayProcess, TestBroker, TestDb};
+use common::servers::{free_port, Certs, Stunnel};
+use common::{eventually, quick_settings, RelayProcess, TestBroker, TestDb};
 
 /// `host:port` of the shared RabbitMQ.
 fn broker_address() -> String {
@@ -66,6 +66,30 @@ async fn amqps_with_the_ca_file_delivers_and_without_it_names_the_certificate_pr
 
     // The system's CAs do not know the test CA.
     assert_refused(&check(&db, &[("OUTBOX_AMQP_URL", &url)]), 1, "unknown CA");
+
+    // A running relay names the problem in /readyz.
+    let http = format!("127.0.0.1:{}", free_port());
+    let relay = RelayProcess::start(
+        &db,
+        &[
+            ("OUTBOX_AMQP_URL", url.clone()),
+            ("OUTBOX_HTTP_ADDR", http.clone()),
+        ],
+    );
+    let readyz = format!("http://{http}/readyz");
+    eventually(Duration::from_secs(30), "/readyz names the unknown CA", || {
+        let readyz = readyz.clone();
+        async move {
+            match reqwest::get(&readyz).await {
+                Ok(response) if response.status() == 503 => {
+                    response.text().await.unwrap_or_default().contains("unknown CA")
+                }
+                _ => false,
+            }
+        }
+    })
+    .await;
+    drop(relay);
 
     // Another CA's file: refused too.
     let output = check(

@@ -120,7 +120,13 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
         (observer, seen)
     });
 
+    let started = std::time::Instant::now();
     let received = broker.receive(EVENTS, Duration::from_secs(300)).await;
+    eprintln!(
+        "{} events delivered through PgBouncer ({SERVER_CONNECTIONS} server connections, two relays) in {:.1} s",
+        received.len(),
+        started.elapsed().as_secs_f64()
+    );
     let delivered: HashSet<String> = received.iter().map(|m| m.message_id.clone()).collect();
     assert_eq!(delivered.len(), EVENTS, "every event delivered once at least");
     assert_eq!(delivered, ids);
@@ -128,6 +134,18 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
         db.count("published_at IS NULL").await == 0
     })
     .await;
+
+    // No LISTEN went through the pooler (it could never fire there).
+    let listening: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%'",
+            &[&db.name],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0);
+    assert_eq!(listening, 0, "a LISTEN reached the server through PgBouncer");
 
     let (observer, mut seen) = watching.await.expect("observer");
     // And afterwards, from several transactions.
@@ -162,4 +180,66 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
         })
         .count();
     assert_eq!(polling, 2, "one polling notice per relay:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_transaction_pooler_new_rows_wake_the_relay_through_the_direct_listen_url() {
+    let db = TestDb::create().await;
+    let server = url::Url::parse(&pg_admin_url()).expect("OUTBOX_TEST_PG_URL is a URL");
+    let bouncer = PgBouncer::start(
+        server.host_str().expect("a host"),
+        server.port().unwrap_or(5432),
+        SERVER_CONNECTIONS,
+    );
+    let pooled = bouncer.url_for(&db.url);
+    let migrate = db
+        .relay_command(
+            &["migrate"],
+            &[
+                ("OUTBOX_DATABASE_URL", &pooled),
+                ("OUTBOX_DATABASE_POOLER", "transaction"),
+            ],
+        )
+        .output()
+        .expect("run migrate");
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let broker = TestBroker::create("woken.#").await;
+    let mut env = broker.env();
+    env.extend([
+        ("OUTBOX_DATABASE_URL", pooled.clone()),
+        ("OUTBOX_DATABASE_POOLER", "transaction".to_owned()),
+        ("OUTBOX_LISTEN_DATABASE_URL", db.url.clone()),
+        // Far longer than the test may wait: only a notification can wake
+        // the relay in time.
+        ("OUTBOX_POLL_INTERVAL", "10m".to_owned()),
+    ]);
+    let relay = RelayProcess::start(&db, &env);
+    eventually(
+        Duration::from_secs(30),
+        "the relay LISTENs on the direct URL",
+        || async {
+            let listening: i64 = db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = $1 AND application_name = 'outbox-relay' AND query ILIKE 'LISTEN%'",
+                    &[&db.name],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            listening == 1
+        },
+    )
+    .await;
+    let ids = db.insert_events(1, "woken.created").await;
+    let received = broker.receive(1, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 1, "the notification woke the relay");
+    assert_eq!(received[0].message_id, ids[0].to_string());
+    drop(relay);
+    broker.cleanup().await;
 }

@@ -8,7 +8,7 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::servers::{Certs, PgCluster};
+use common::servers::{free_port, Certs, PgCluster};
 use common::{eventually, quick_settings, relay_bin, RelayProcess, TestBroker, TestDb};
 
 /// `outbox-relay check` against `database_url` (and the shared RabbitMQ).
@@ -56,6 +56,28 @@ fn assert_refused(url: &str, reason: &str) -> String {
         text.lines().last().unwrap_or_default()
     );
     text
+}
+
+/// Waits until the relay serving on `http` answers 503 on /readyz with
+/// `reason` in the body.
+async fn assert_readyz_names(http: &str, reason: &str) {
+    let readyz = format!("http://{http}/readyz");
+    eventually(
+        Duration::from_secs(30),
+        &format!("/readyz names {reason}"),
+        || {
+            let readyz = readyz.clone();
+            async move {
+                match reqwest::get(&readyz).await {
+                    Ok(response) if response.status() == 503 => {
+                        response.text().await.unwrap_or_default().contains(reason)
+                    }
+                    _ => false,
+                }
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -146,6 +168,26 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
         "{}",
         stderr(&output)
     );
+
+    // A running relay names the problem in /readyz.
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut relay = std::process::Command::new(relay_bin())
+        .arg("run")
+        .env_clear()
+        .env(
+            "OUTBOX_DATABASE_URL",
+            by_name(&format!("sslmode=verify-full&sslrootcert={other_ca}")),
+        )
+        .env("OUTBOX_AMQP_URL", common::amqp_url())
+        .env("OUTBOX_HTTP_ADDR", &http)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the relay");
+    assert_readyz_names(&http, "unknown CA").await;
+    let _ = relay.kill();
+    let _ = relay.wait();
 
     // An expired server certificate (the server reloads its certificate
     // files on SIGHUP).

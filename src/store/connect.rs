@@ -113,10 +113,9 @@ impl PgTls {
             SslMode::Disable => self.attempt(pg, DriverSslMode::Disable).await,
             SslMode::Allow => match self.attempt(pg, DriverSslMode::Disable).await {
                 // The server answered and refused (pg_hba.conf has only
-                // hostssl for us, say): libpq then tries again with TLS.
-                Err(plain) if plain.as_db_error().is_some() => {
-                    self.attempt(pg, DriverSslMode::Require).await.map_err(|_| plain)
-                }
+                // hostssl for us, say): libpq then tries again with TLS,
+                // and the TLS attempt's failure is the one worth reporting.
+                Err(plain) if plain.as_db_error().is_some() => self.attempt(pg, DriverSslMode::Require).await,
                 other => other,
             },
             SslMode::Prefer => match self.attempt(pg, DriverSslMode::Prefer).await {

@@ -134,7 +134,7 @@ impl deadpool_postgres::Connect for TlsConnect {
             let (client, connection) = self.0.connect(&pg).await?;
             let task = tokio::spawn(async move {
                 if let Err(e) = connection.await {
-                    tracing::debug!(error = %with_causes(&e), "database connection ended");
+                    tracing::warn!(error = %with_causes(&e), "database connection failed");
                 }
             });
             Ok((client, task))
