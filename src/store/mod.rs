@@ -193,7 +193,6 @@ impl Store {
         //   pending index in order and stopping after a batch. Every
         //   statement here is written for a plain index scan.
         //
-        //
         // set_config, not startup options, so poolers that refuse startup
         // options still connect. Behind a transaction pooler they are set
         // in the claim's own transaction instead (see `claim`).
@@ -263,6 +262,8 @@ impl Store {
             let params: [Param<'_>; 2] = [(&i64::from(limit), Type::INT8), (&lease_ms, Type::INT8)];
             let rows = match self.pooler {
                 Pooler::None => Session::client(self.pooler, &client).query(sql, &params).await?,
+                // The planner settings hold for this transaction only, so
+                // the claim gets a transaction of its own to carry them.
                 Pooler::Transaction => {
                     let tx = client.transaction().await?;
                     let session = Session::transaction(self.pooler, &tx);
