@@ -37,6 +37,8 @@ pub mod var {
     pub const AMQP_URL: &str = "OUTBOX_AMQP_URL";
     pub const AMQP_EXCHANGE: &str = "OUTBOX_AMQP_EXCHANGE";
     pub const AMQP_ROUTING_KEY: &str = "OUTBOX_AMQP_ROUTING_KEY";
+    pub const AMQP_MAX_MESSAGE_BYTES: &str = "OUTBOX_AMQP_MAX_MESSAGE_BYTES";
+    pub const MAX_BATCH_BYTES: &str = "OUTBOX_MAX_BATCH_BYTES";
     pub const AMQP_CA_FILE: &str = "OUTBOX_AMQP_CA_FILE";
     pub const AMQP_CLIENT_CERT_FILE: &str = "OUTBOX_AMQP_CLIENT_CERT_FILE";
     pub const AMQP_CLIENT_KEY_FILE: &str = "OUTBOX_AMQP_CLIENT_KEY_FILE";
@@ -161,6 +163,11 @@ pub struct SinkSettings {
     #[arg(long, env = var::AMQP_ROUTING_KEY, default_value = "{event_type}")]
     pub amqp_routing_key: String,
 
+    /// The broker's `max_message_size` in bytes (RabbitMQ 4's default): a
+    /// larger row is quarantined on its first attempt without being sent.
+    #[arg(long, env = var::AMQP_MAX_MESSAGE_BYTES, default_value = "16777216")]
+    pub amqp_max_message_bytes: String,
+
     /// PEM CA bundle the broker's certificate must chain to (`amqps://`);
     /// the system's CAs when unset.
     #[arg(long, env = var::AMQP_CA_FILE)]
@@ -187,15 +194,20 @@ impl SinkSettings {
     /// Validates the settings of the chosen sink (only those).
     pub fn validate(&self) -> Result<SinkConfig, ConfigError> {
         match self.sink.trim() {
-            "rabbitmq" => AmqpConfig::parse(&self.amqp_url, &self.amqp_exchange, &self.amqp_routing_key)
-                .and_then(|config| {
-                    config.with_tls_files(
-                        non_empty(&self.amqp_ca_file),
-                        non_empty(&self.amqp_client_cert_file),
-                        non_empty(&self.amqp_client_key_file),
-                    )
-                })
-                .map(SinkConfig::RabbitMq),
+            "rabbitmq" => AmqpConfig::parse(
+                &self.amqp_url,
+                &self.amqp_exchange,
+                &self.amqp_routing_key,
+                &self.amqp_max_message_bytes,
+            )
+            .and_then(|config| {
+                config.with_tls_files(
+                    non_empty(&self.amqp_ca_file),
+                    non_empty(&self.amqp_client_cert_file),
+                    non_empty(&self.amqp_client_key_file),
+                )
+            })
+            .map(SinkConfig::RabbitMq),
             "sqs" => {
                 SqsConfig::from_settings(self.sqs_queue_url.as_deref(), self.sqs_endpoint_url.as_deref())
                     .map(SinkConfig::Sqs)
@@ -247,6 +259,11 @@ pub struct RelaySettings {
     /// and records on its own).
     #[arg(long, env = var::WORKERS, default_value = "4")]
     pub workers: String,
+
+    /// A claim stops adding rows once their payloads reach this many bytes
+    /// (it always takes at least one row): what one batch holds in memory.
+    #[arg(long, env = var::MAX_BATCH_BYTES, default_value = "16777216")]
+    pub max_batch_bytes: String,
 }
 
 impl RelaySettings {
@@ -275,6 +292,7 @@ impl RelaySettings {
             &[("none", Ordering::None), ("aggregate", Ordering::Aggregate)],
         )?;
         let workers = parse_positive(var::WORKERS, &self.workers, 64)?;
+        let max_batch_bytes = parse_positive(var::MAX_BATCH_BYTES, &self.max_batch_bytes, u32::MAX)?;
         Ok(RelayConfig {
             batch_size,
             poll_interval,
@@ -285,6 +303,7 @@ impl RelaySettings {
             on_publish,
             ordering,
             workers,
+            max_batch_bytes: max_batch_bytes as usize,
         })
     }
 }
@@ -461,6 +480,7 @@ mod tests {
             on_publish: "mark".into(),
             ordering: "none".into(),
             workers: "4".into(),
+            max_batch_bytes: "16777216".into(),
         }
     }
 
@@ -477,6 +497,7 @@ mod tests {
             amqp_url: "amqp://guest:guest@localhost:5672/%2f".into(),
             amqp_exchange: "amq.topic".into(),
             amqp_routing_key: "{event_type}".into(),
+            amqp_max_message_bytes: "16777216".into(),
             amqp_ca_file: None,
             amqp_client_cert_file: None,
             amqp_client_key_file: None,

@@ -10,11 +10,30 @@ use crate::event::Event;
 use crate::retry::Backoff;
 use crate::sink::Outcome;
 
+/// A claimed row: its id, and the attempt the claim counted, which
+/// identifies the claim when its outcome is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimedRow {
+    /// The row.
+    pub id: Uuid,
+    /// The claim's attempt (`attempt_count` after the claim).
+    pub attempt: i32,
+}
+
+impl ClaimedRow {
+    fn of(event: &Event) -> Self {
+        Self {
+            id: event.id,
+            attempt: event.attempt_count,
+        }
+    }
+}
+
 /// A row to publish again later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retry {
     /// The row.
-    pub id: Uuid,
+    pub row: ClaimedRow,
     /// Why the attempt failed (stored as `last_error`).
     pub reason: String,
     /// How long until the row is due again.
@@ -25,7 +44,7 @@ pub struct Retry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantine {
     /// The row.
-    pub id: Uuid,
+    pub row: ClaimedRow,
     /// Why (stored as `last_error`).
     pub reason: String,
 }
@@ -34,11 +53,16 @@ pub struct Quarantine {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Decisions {
     /// Confirmed by the broker.
-    pub published: Vec<Uuid>,
+    pub published: Vec<ClaimedRow>,
     /// Failed; try again after the delay.
     pub retry: Vec<Retry>,
     /// Out of attempts or rejected: stop claiming.
     pub quarantine: Vec<Quarantine>,
+    /// Failed by the broker or the network, not by the row: the attempt is
+    /// given back.
+    pub deferred: Vec<ClaimedRow>,
+    /// Why the first deferred row was deferred, for the log.
+    pub deferred_because: Option<String>,
 }
 
 /// Maps outcomes to decisions. `attempt_count` on each event already
@@ -62,21 +86,26 @@ pub fn decide(events: &[Event], outcomes: Vec<Outcome>, max_attempts: u32, backo
     let mut decisions = Decisions::default();
     for (event, outcome) in events.iter().zip(outcomes) {
         let attempt = u32::try_from(event.attempt_count).unwrap_or(0);
+        let row = ClaimedRow::of(event);
         match outcome {
-            Outcome::Published => decisions.published.push(event.id),
+            Outcome::Published => decisions.published.push(row),
             Outcome::Reject(reason) => decisions.quarantine.push(Quarantine {
-                id: event.id,
+                row,
                 reason: format!("rejected by sink: {reason}"),
             }),
             Outcome::Retry(reason) if attempt >= max_attempts => decisions.quarantine.push(Quarantine {
-                id: event.id,
+                row,
                 reason: format!("gave up after {attempt} attempts: {reason}"),
             }),
             Outcome::Retry(reason) => decisions.retry.push(Retry {
-                id: event.id,
+                row,
                 reason,
                 delay: backoff.delay(attempt),
             }),
+            Outcome::Deferred(reason) => {
+                decisions.deferred.push(row);
+                decisions.deferred_because.get_or_insert(reason);
+            }
         }
     }
     decisions
@@ -94,7 +123,7 @@ pub fn split_exhausted(events: Vec<Event>, max_attempts: u32) -> (Vec<Event>, Ve
     let quarantine = exhausted
         .into_iter()
         .map(|e| Quarantine {
-            id: e.id,
+            row: ClaimedRow::of(&e),
             reason: format!(
                 "{max_attempts} attempts began without an outcome being recorded (the relay stopped while publishing this row)"
             ),
@@ -128,20 +157,23 @@ mod tests {
 
     #[test]
     fn outcomes_map_to_mark_backoff_and_quarantine() {
-        let events = vec![event(1), event(2), event(3), event(10)];
+        let events = vec![event(1), event(2), event(3), event(10), event(10)];
         let outcomes = vec![
             Outcome::Published,
             Outcome::Retry("nack".into()),
             Outcome::Reject("too large".into()),
             Outcome::Retry("unroutable".into()),
+            Outcome::Deferred("connection lost".into()),
         ];
         let decisions = decide(&events, outcomes, 10, &BACKOFF);
-        assert_eq!(decisions.published, vec![events[0].id]);
+        assert_eq!(decisions.published, vec![ClaimedRow::of(&events[0])]);
         assert_eq!(decisions.retry.len(), 1);
-        assert_eq!(decisions.retry[0].id, events[1].id);
+        assert_eq!(decisions.retry[0].row, ClaimedRow::of(&events[1]));
+        // An outage never counts towards quarantine, even on the last attempt.
+        assert_eq!(decisions.deferred, vec![ClaimedRow::of(&events[4])]);
         let delay = decisions.retry[0].delay;
         assert!(delay >= Duration::from_secs(1) && delay <= Duration::from_secs(2));
-        let quarantined: Vec<Uuid> = decisions.quarantine.iter().map(|q| q.id).collect();
+        let quarantined: Vec<Uuid> = decisions.quarantine.iter().map(|q| q.row.id).collect();
         assert_eq!(quarantined, vec![events[2].id, events[3].id]);
         assert!(decisions.quarantine[1]
             .reason
@@ -163,6 +195,6 @@ mod tests {
         let (due, quarantine) = split_exhausted(vec![fresh.clone(), crashed.clone()], 10);
         assert_eq!(due, vec![fresh]);
         assert_eq!(quarantine.len(), 1);
-        assert_eq!(quarantine[0].id, crashed.id);
+        assert_eq!(quarantine[0].row.id, crashed.id);
     }
 }

@@ -17,14 +17,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-pub use decide::{decide, split_exhausted, Decisions, Quarantine, Retry};
+pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
 
-use crate::event::Event;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::retry::Backoff;
 use crate::sink::{Outcome, Sink};
-use crate::store::{Ordering, Store, StoreError};
+use crate::store::{ClaimBudget, Claimed, Ordering, Store, StoreError};
 
 /// What happens to a row once the broker confirmed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +55,8 @@ pub struct RelayConfig {
     pub ordering: Ordering,
     /// Batches in flight at once.
     pub workers: u32,
+    /// What one claim may load of payloads, in bytes (at least one row).
+    pub max_batch_bytes: usize,
 }
 
 impl RelayConfig {
@@ -73,10 +74,15 @@ impl RelayConfig {
 pub enum BatchResult {
     /// The sink answered for every row (whatever the answers were).
     Answered,
-    /// The sink did not answer within `OUTBOX_PUBLISH_TIMEOUT`: the broker
-    /// is not keeping up, so the worker backs off before claiming again.
+    /// The sink did not even return by its deadline (plus a grace): the
+    /// broker is not keeping up, so the worker backs off before claiming
+    /// again.
     TimedOut,
 }
+
+/// How long past the publish deadline a sink may take to return the
+/// outcomes it has; sinks stop waiting at the deadline itself.
+const SINK_GRACE: Duration = Duration::from_secs(2);
 
 /// The relay: a store, a sink and the loop between them.
 pub struct Relay {
@@ -150,9 +156,14 @@ impl Relay {
                 continue;
             }
             sink_state.succeeded();
+            let budget = ClaimBudget {
+                rows: self.config.batch_size,
+                bytes: self.config.max_batch_bytes,
+                max_payload: self.sink.max_payload_bytes(),
+            };
             let batch = match self
                 .store
-                .claim(self.config.batch_size, self.config.lease(), self.config.ordering)
+                .claim(budget, self.config.lease(), self.config.ordering)
                 .await
             {
                 Ok(batch) => {
@@ -165,7 +176,7 @@ impl Relay {
                     continue;
                 }
             };
-            if batch.is_empty() {
+            if batch.events.is_empty() && batch.unpublishable.is_empty() {
                 // New rows announced by the NOTIFY trigger end the sleep
                 // early; without the trigger, polling alone finds them.
                 tokio::select! {
@@ -191,14 +202,16 @@ impl Relay {
     }
 
     /// Publishes one claimed batch and records its outcomes.
-    async fn process(&self, batch: Vec<Event>, shutdown: &CancellationToken) -> BatchResult {
+    async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> BatchResult {
         let claimed_at = Instant::now();
-        let (batch, mut exhausted) = split_exhausted(batch, self.config.max_attempts);
+        let (batch, mut exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
         let mut result = BatchResult::Answered;
         let outcomes = if batch.is_empty() {
             Vec::new()
         } else {
-            match tokio::time::timeout(self.config.publish_timeout, self.sink.publish(&batch)).await {
+            let deadline = tokio::time::Instant::now() + self.config.publish_timeout;
+            let publish = self.sink.publish(&batch, deadline);
+            match tokio::time::timeout_at(deadline + SINK_GRACE, publish).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => {
                     result = BatchResult::TimedOut;
@@ -206,15 +219,26 @@ impl Relay {
                         "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                         self.config.publish_timeout
                     );
-                    vec![Outcome::Retry(reason); batch.len()]
+                    vec![Outcome::Deferred(reason); batch.len()]
                 }
             }
         };
         let confirmed_at = Utc::now();
         let mut decisions = decide(&batch, outcomes, self.config.max_attempts, &self.backoff());
         decisions.quarantine.append(&mut exhausted);
+        // A row the relay cannot even read or load never will be: no
+        // attempt on it can succeed, so it is quarantined at once.
+        decisions
+            .quarantine
+            .extend(claimed.unpublishable.into_iter().map(|row| Quarantine {
+                row: ClaimedRow {
+                    id: row.id,
+                    attempt: row.attempt_count,
+                },
+                reason: format!("cannot be published: {}", row.reason),
+            }));
 
-        let published: HashSet<&Uuid> = decisions.published.iter().collect();
+        let published: HashSet<Uuid> = decisions.published.iter().map(|row| row.id).collect();
         for event in &batch {
             if published.contains(&event.id) {
                 let lag = (confirmed_at - event.created_at).to_std().unwrap_or_default();
@@ -228,16 +252,20 @@ impl Relay {
         if let Some(first) = decisions.retry.first() {
             warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %first.reason, "publish failed; rows will be retried with backoff");
         }
+        if let Some(reason) = &decisions.deferred_because {
+            warn!(report = "publish_deferred", rows = decisions.deferred.len(), %reason, "the broker or the network failed the batch; rows will be published again, not charged an attempt");
+        }
         for retry in &decisions.retry {
-            debug!(event_id = %retry.id, reason = %retry.reason, retry_in_ms = retry.delay.as_millis() as u64, "publish failed; will retry");
+            debug!(event_id = %retry.row.id, reason = %retry.reason, retry_in_ms = retry.delay.as_millis() as u64, "publish failed; will retry");
         }
         for quarantine in &decisions.quarantine {
-            warn!(event_id = %quarantine.id, reason = %quarantine.reason, "row quarantined");
+            warn!(event_id = %quarantine.row.id, reason = %quarantine.reason, "row quarantined");
         }
         self.metrics
             .published_total
             .inc_by(decisions.published.len() as u64);
-        let failures = batch.len() - decisions.published.len();
+        // Failed attempts are the rows' own; a deferral is the broker's.
+        let failures = decisions.retry.len() + decisions.quarantine.len();
         self.metrics.publish_failures_total.inc_by(failures as u64);
         self.metrics
             .quarantined_total
@@ -253,45 +281,64 @@ impl Relay {
             published = decisions.published.len(),
             retried = decisions.retry.len(),
             quarantined = decisions.quarantine.len(),
+            deferred = decisions.deferred.len(),
             "batch recorded"
         );
         result
     }
 
     async fn record_step(&self, step: Step, decisions: &Decisions) -> Result<u64, StoreError> {
+        fn columns<'a, T: 'a>(
+            rows: impl Iterator<Item = &'a T>,
+            row: impl Fn(&T) -> ClaimedRow,
+        ) -> (Vec<Uuid>, Vec<i32>) {
+            rows.map(|item| {
+                let claimed = row(item);
+                (claimed.id, claimed.attempt)
+            })
+            .unzip()
+        }
         match step {
             Step::Published if decisions.published.is_empty() => Ok(0),
-            Step::Published => match self.config.on_publish {
-                OnPublish::Mark => self.store.mark_published(&decisions.published).await,
-                OnPublish::Delete => self.store.delete_published(&decisions.published).await,
-            },
+            Step::Published => {
+                let (ids, attempts) = columns(decisions.published.iter(), |row| *row);
+                match self.config.on_publish {
+                    OnPublish::Mark => self.store.mark_published(&ids, &attempts).await,
+                    OnPublish::Delete => self.store.delete_published(&ids, &attempts).await,
+                }
+            }
             Step::Retry if decisions.retry.is_empty() => Ok(0),
             Step::Retry => {
-                let ids: Vec<Uuid> = decisions.retry.iter().map(|retry| retry.id).collect();
+                let (ids, attempts) = columns(decisions.retry.iter(), |retry| retry.row);
                 let reasons: Vec<&str> = decisions
                     .retry
                     .iter()
                     .map(|retry| retry.reason.as_str())
                     .collect();
                 let delays: Vec<Duration> = decisions.retry.iter().map(|retry| retry.delay).collect();
-                self.store.reschedule(&ids, &reasons, &delays).await
+                self.store.reschedule(&ids, &attempts, &reasons, &delays).await
             }
             Step::Quarantine if decisions.quarantine.is_empty() => Ok(0),
             Step::Quarantine => {
-                let ids: Vec<Uuid> = decisions.quarantine.iter().map(|row| row.id).collect();
+                let (ids, attempts) = columns(decisions.quarantine.iter(), |row| row.row);
                 let reasons: Vec<&str> = decisions
                     .quarantine
                     .iter()
                     .map(|row| row.reason.as_str())
                     .collect();
-                self.store.quarantine(&ids, &reasons).await
+                self.store.quarantine(&ids, &attempts, &reasons).await
+            }
+            Step::Defer if decisions.deferred.is_empty() => Ok(0),
+            Step::Defer => {
+                let (ids, attempts) = columns(decisions.deferred.iter(), |row| *row);
+                self.store.defer(&ids, &attempts).await
             }
         }
     }
 
     async fn record(&self, decisions: &Decisions, deadline: Instant, shutdown: &CancellationToken) {
-        // The three statements touch disjoint rows, so they run at once.
-        let steps = [Step::Published, Step::Retry, Step::Quarantine];
+        // The statements touch disjoint rows, so they run at once.
+        let steps = [Step::Published, Step::Retry, Step::Quarantine, Step::Defer];
         let results = futures::future::join_all(
             steps.map(|step| async move { (step, self.record_step(step, decisions).await) }),
         )
@@ -346,4 +393,5 @@ enum Step {
     Published,
     Retry,
     Quarantine,
+    Defer,
 }

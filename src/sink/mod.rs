@@ -1,12 +1,18 @@
 //! The sink contract: a batch of events in, one [`Outcome`] per event out.
 //!
 //! Sinks decide retryability themselves; the relay never looks at
-//! broker-specific errors. A sink also reports whether its broker is
-//! reachable, which backs `/readyz` and keeps the relay from burning
-//! attempts during an outage.
+//! broker-specific errors. Above all a sink tells the row's fault (a
+//! refusal of that one message: the row is charged an attempt) from the
+//! broker's or the network's (an alarm, a lost connection, throttling, a
+//! batch not confirmed in time: the row is not charged). A sink also
+//! reports whether its broker is reachable, which backs `/readyz` and keeps
+//! the relay from claiming during an outage.
 
 pub mod amqp;
 pub mod sqs;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use thiserror::Error;
@@ -27,11 +33,18 @@ pub enum SinkConfig {
 pub enum Outcome {
     /// The broker confirmed the message.
     Published,
-    /// Not confirmed; worth trying again later (network, nack, unroutable).
+    /// The broker refused this message (a nack, an unroutable return, a
+    /// per-entry error): a failed attempt of the row, worth trying again
+    /// later; quarantined once the row is out of attempts.
     Retry(String),
     /// Will never succeed as it is (too large, invalid for the sink):
     /// quarantine at once.
     Reject(String),
+    /// Not the row's fault: the broker or the network failed the batch (an
+    /// alarm, a lost connection or channel, throttling, a server error, no
+    /// confirmation before the deadline). Published again later without
+    /// costing the row an attempt; the sink is not ready for a moment.
+    Deferred(String),
 }
 
 /// The sink cannot be reached or set up.
@@ -50,7 +63,19 @@ pub trait Sink: Send + Sync {
     /// entry `Id`, a returned message's `message_id`), never by the order
     /// in which answers happen to arrive: a row is `Published` only on its
     /// own confirmation.
-    fn publish<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>>;
+    ///
+    /// Answers that have not come by `deadline` are `Deferred`, while
+    /// those that came are kept: confirmed rows are published, not sent
+    /// again.
+    fn publish<'a>(
+        &'a self,
+        events: &'a [Event],
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, Vec<Outcome>>;
+
+    /// The largest payload the sink can ever publish, in bytes: a claim
+    /// does not even load a larger one, and quarantines it.
+    fn max_payload_bytes(&self) -> usize;
 
     /// Connects if needed and checks the broker answers.
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>>;
@@ -65,5 +90,63 @@ pub async fn build(config: &SinkConfig) -> Result<Box<dyn Sink>, SinkError> {
     match config {
         SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone()))),
         SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs).await?)),
+    }
+}
+
+/// Keeps a sink "not ready" for a moment after it failed a batch for the
+/// broker's or the network's sake, so that every worker of the replica
+/// backs off and `/readyz` says why, instead of each worker finding out by
+/// failing a batch of its own.
+#[derive(Debug, Default)]
+pub(crate) struct Breaker {
+    tripped: Mutex<Option<(Instant, String)>>,
+}
+
+impl Breaker {
+    /// How long a trip holds: long enough for the other workers to see it,
+    /// short enough that the next try comes soon after the broker is back
+    /// (the workers' own backoff spaces the tries further).
+    const HOLD: Duration = Duration::from_secs(2);
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Option<(Instant, String)>> {
+        // Plain data: a panic elsewhere cannot leave it inconsistent.
+        self.tripped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The broker or network failed a batch for `reason`.
+    pub(crate) fn trip(&self, reason: &str) {
+        *self.state() = Some((Instant::now(), reason.to_owned()));
+    }
+
+    /// A batch went through.
+    pub(crate) fn reset(&self) {
+        *self.state() = None;
+    }
+
+    /// `Err` while a recent trip holds.
+    pub(crate) fn check(&self) -> Result<(), SinkError> {
+        match &*self.state() {
+            Some((at, reason)) if at.elapsed() < Self::HOLD => Err(SinkError(format!(
+                "the last batch failed for the broker's sake ({reason}); backing off"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trip_holds_readiness_until_a_batch_gets_through() {
+        let breaker = Breaker::default();
+        assert!(breaker.check().is_ok());
+        breaker.trip("blocked");
+        assert!(breaker.check().unwrap_err().0.contains("blocked"));
+        breaker.reset();
+        assert!(breaker.check().is_ok());
     }
 }

@@ -67,9 +67,9 @@ fn render(sql: &str, table: &TableName) -> String {
 /// finds nothing left to do. The same holds through a transaction-pooling
 /// proxy: one transaction keeps one server connection, the lock ends with
 /// it, and every statement is sent unnamed (no prepared statement outlives
-/// its transaction), so `migrate` needs no direct URL. `lock_timeout` keeps a migration that queues
-/// behind a long producer transaction from blocking the producer's writes
-/// for long: it fails instead, and can be retried.
+/// its transaction), so `migrate` needs no direct URL. `lock_timeout` keeps
+/// a migration that queues behind a long producer transaction from blocking
+/// the producer's writes for long: it fails instead, and can be retried.
 ///
 /// `notify_trigger` installs (or removes) the NOTIFY trigger that wakes idle
 /// relays; it is applied on every run, and only touches the table when the
@@ -87,6 +87,7 @@ pub async fn migrate(
     let tx = client.transaction().await?;
     tx.batch_execute(&format!(
         "SET LOCAL lock_timeout = '10s';
+         SET LOCAL statement_timeout = 0;
          SET LOCAL client_min_messages = warning;
          SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate'));
          {schema_sql}

@@ -63,6 +63,90 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// How much one claim may take.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimBudget {
+    /// Rows at most (`OUTBOX_BATCH_SIZE`).
+    pub rows: u32,
+    /// Payload bytes at most, past the first row (`OUTBOX_MAX_BATCH_BYTES`).
+    pub bytes: usize,
+    /// The largest payload the sink can publish: a larger one is not loaded.
+    pub max_payload: usize,
+}
+
+/// What a claim took.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// Rows to publish, in `(created_at, id)` order.
+    pub events: Vec<Event>,
+    /// Rows that can never be published as they are.
+    pub unpublishable: Vec<Unpublishable>,
+}
+
+/// A claimed row the relay cannot publish as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpublishable {
+    /// The row.
+    pub id: Uuid,
+    /// The attempt the claim counted (see [`Event::attempt_count`]).
+    pub attempt_count: i32,
+    /// Why, naming the column.
+    pub reason: String,
+}
+
+/// Reads one claimed row. Every column is fetched as optional, so an
+/// unexpected NULL names its column instead of panicking.
+fn claimed_event(row: &tokio_postgres::Row, max_payload: usize) -> Result<Event, Unpublishable> {
+    // id and attempt_count identify the claim; the claim statement cannot
+    // return a row without them (the primary key, and a counter it just
+    // incremented), so a failure here is reported on a nil id and never
+    // matches a row when recorded.
+    let id: Uuid = row.try_get(0).unwrap_or_default();
+    let attempt_count: i32 = row.try_get::<_, Option<i32>>(7).ok().flatten().unwrap_or(0);
+    let unpublishable = |reason: String| Unpublishable {
+        id,
+        attempt_count,
+        reason,
+    };
+    let required = |index: usize, column: &str| -> Result<String, Unpublishable> {
+        match row.try_get::<_, Option<String>>(index) {
+            Ok(Some(value)) => Ok(value),
+            Ok(None) => Err(unpublishable(format!("column {column} is NULL"))),
+            Err(e) => Err(unpublishable(format!("column {column} cannot be read: {e}"))),
+        }
+    };
+    let payload_bytes: Option<i64> = row.try_get(5).unwrap_or(None);
+    let event_type = required(2, "event_type")?;
+    let aggregate_id = required(3, "aggregate_id")?;
+    let payload = match (row.try_get::<_, Option<String>>(4), payload_bytes) {
+        (Ok(Some(payload)), _) => payload,
+        (Ok(None), Some(bytes)) => {
+            return Err(unpublishable(format!(
+                "payload of {bytes} bytes exceeds the largest message the sink accepts ({max_payload} bytes)"
+            )))
+        }
+        (Ok(None), None) => return Err(unpublishable("column payload is NULL".to_owned())),
+        (Err(e), _) => return Err(unpublishable(format!("column payload cannot be read: {e}"))),
+    };
+    let created_at = match row.try_get::<_, Option<chrono::DateTime<chrono::Utc>>>(6) {
+        Ok(Some(created_at)) => created_at,
+        Ok(None) => return Err(unpublishable("column created_at is NULL".to_owned())),
+        Err(e) => return Err(unpublishable(format!("column created_at cannot be read: {e}"))),
+    };
+    let causation_id = row
+        .try_get::<_, Option<Uuid>>(1)
+        .map_err(|e| unpublishable(format!("column causation_id cannot be read: {e}")))?;
+    Ok(Event {
+        id,
+        causation_id,
+        event_type,
+        aggregate_id,
+        payload,
+        created_at,
+        attempt_count,
+    })
+}
+
 /// Which rows a claim may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ordering {
@@ -83,6 +167,7 @@ struct Statements {
     delete_published: String,
     reschedule: String,
     quarantine: String,
+    defer: String,
 }
 
 impl Statements {
@@ -108,6 +193,7 @@ impl Statements {
             delete_published: render(include_str!("sql/delete_published.sql")),
             reschedule: render(include_str!("sql/reschedule.sql")),
             quarantine: render(include_str!("sql/quarantine.sql")),
+            defer: render(include_str!("sql/defer.sql")),
         }
     }
 }
@@ -115,7 +201,13 @@ impl Statements {
 /// Default bound on one statement; a hung database must not hang the relay.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
-const PLANNER_SETTINGS: &str = include_str!("sql/planner_settings.sql");
+/// The server's own bound on the relay's statements, shorter than
+/// [`QUERY_TIMEOUT`]: a claim the relay gave up waiting for must not commit
+/// later and lease rows that nobody publishes. Statements that may take
+/// longer (migrations, admin commands) set their own with `SET LOCAL`.
+const SERVER_STATEMENT_TIMEOUT: &str = "25s";
+
+const RELAY_SETTINGS: &str = include_str!("sql/relay_settings.sql");
 
 /// Opens the pool's connections with the URL's TLS settings and libpq's
 /// `sslmode` fallbacks.
@@ -177,8 +269,7 @@ impl Store {
             .wait_timeout(Some(Duration::from_secs(10)))
             .create_timeout(Some(Duration::from_secs(10)))
             .recycle_timeout(Some(Duration::from_secs(5)));
-        // Two planner settings for the relay's own connections, both
-        // found under load in the benchmark:
+        // The relay's settings for its own connections (sql/relay_settings.sql):
         //
         // - plan_cache_mode: plan every statement for its parameters and
         //   the table as it is now. A prepared statement otherwise
@@ -192,15 +283,23 @@ impl Store {
         //   136 ms a batch at 50,000 rows behind, instead of walking the
         //   pending index in order and stopping after a batch. Every
         //   statement here is written for a plain index scan.
+        //   (Both found under load in the benchmark.)
+        // - statement_timeout: see SERVER_STATEMENT_TIMEOUT.
         //
         // set_config, not startup options, so poolers that refuse startup
         // options still connect. Behind a transaction pooler they are set
-        // in the claim's own transaction instead (see `claim`).
+        // in the claim's own transaction instead (see `claim`): the
+        // statements that record outcomes then have the client's bound
+        // only, which is harmless, as a late one matches its claim's
+        // attempt or changes nothing.
         let builder = match config.pooler {
             Pooler::None => builder.post_create(Hook::async_fn(|client, _| {
                 Box::pin(async move {
                     client
-                        .query_typed(PLANNER_SETTINGS, &[(&false, Type::BOOL)])
+                        .query_typed(
+                            RELAY_SETTINGS,
+                            &[(&false, Type::BOOL), (&SERVER_STATEMENT_TIMEOUT, Type::TEXT)],
+                        )
                         .await
                         .map_err(HookError::Backend)?;
                     Ok(())
@@ -242,15 +341,22 @@ impl Store {
         .await
     }
 
-    /// Claims up to `limit` due rows and leases them for `lease`; returns them
-    /// in `(created_at, id)` order. With [`Ordering::Aggregate`] only rows
-    /// whose predecessors in their aggregate are all published qualify.
+    /// Claims due rows and leases them for `lease`: at most `budget.rows`
+    /// rows and, past the first, no more than `budget.bytes` of payload.
+    /// Returns them in `(created_at, id)` order. With
+    /// [`Ordering::Aggregate`] only rows whose predecessors in their
+    /// aggregate are all published qualify.
+    ///
+    /// A row the relay cannot publish as it is (a NULL where a value is
+    /// needed, a payload larger than `budget.max_payload`) comes back as an
+    /// [`Unpublishable`] row instead of an event; its payload is never
+    /// loaded.
     pub async fn claim(
         &self,
-        limit: u32,
+        budget: ClaimBudget,
         lease: Duration,
         ordering: Ordering,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<Claimed, StoreError> {
         let sql = match ordering {
             Ordering::None => &self.sql.claim,
             Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
@@ -259,35 +365,42 @@ impl Store {
         bounded(async {
             let mut client = self.pool.get().await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-            let params: [Param<'_>; 2] = [(&i64::from(limit), Type::INT8), (&lease_ms, Type::INT8)];
+            let bytes = i64::try_from(budget.bytes).unwrap_or(i64::MAX);
+            let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
+            let params: [Param<'_>; 4] = [
+                (&i64::from(budget.rows), Type::INT8),
+                (&lease_ms, Type::INT8),
+                (&bytes, Type::INT8),
+                (&max_payload, Type::INT8),
+            ];
             let rows = match self.pooler {
                 Pooler::None => Session::client(self.pooler, &client).query(sql, &params).await?,
-                // The planner settings hold for this transaction only, so
-                // the claim gets a transaction of its own to carry them.
+                // The settings hold for this transaction only, so the claim
+                // gets a transaction of its own to carry them.
                 Pooler::Transaction => {
                     let tx = client.transaction().await?;
                     let session = Session::transaction(self.pooler, &tx);
-                    session.query(PLANNER_SETTINGS, &[(&true, Type::BOOL)]).await?;
+                    session
+                        .query(
+                            RELAY_SETTINGS,
+                            &[(&true, Type::BOOL), (&SERVER_STATEMENT_TIMEOUT, Type::TEXT)],
+                        )
+                        .await?;
                     let rows = session.query(sql, &params).await?;
                     tx.commit().await?;
                     rows
                 }
             };
-            let mut events: Vec<Event> = rows
-                .iter()
-                .map(|row| Event {
-                    id: row.get(0),
-                    causation_id: row.get(1),
-                    event_type: row.get(2),
-                    aggregate_id: row.get(3),
-                    payload: row.get(4),
-                    created_at: row.get(5),
-                    attempt_count: row.get(6),
-                })
-                .collect();
+            let mut claimed = Claimed::default();
+            for row in &rows {
+                match claimed_event(row, budget.max_payload) {
+                    Ok(event) => claimed.events.push(event),
+                    Err(unpublishable) => claimed.unpublishable.push(unpublishable),
+                }
+            }
             // UPDATE … RETURNING gives no order guarantee.
-            events.sort_by_key(|e| (e.created_at, e.id));
-            Ok(events)
+            claimed.events.sort_by_key(|e| (e.created_at, e.id));
+            Ok(claimed)
         })
         .await
     }
@@ -312,35 +425,44 @@ impl Store {
             .copied()
     }
 
-    /// Marks confirmed rows published.
-    pub async fn mark_published(&self, ids: &[Uuid]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.mark_published, &[(&ids, Type::UUID_ARRAY)])
-            .await
+    /// Marks confirmed rows published. Rows are given as `(id, attempt)`
+    /// pairs, the attempt their claim counted: a row another claim has
+    /// taken since is left to that claim.
+    pub async fn mark_published(&self, ids: &[Uuid], attempts: &[i32]) -> Result<u64, StoreError> {
+        self.execute(
+            &self.sql.mark_published,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
     }
 
-    /// Deletes confirmed rows (`OUTBOX_ON_PUBLISH=delete`).
-    pub async fn delete_published(&self, ids: &[Uuid]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.delete_published, &[(&ids, Type::UUID_ARRAY)])
-            .await
+    /// Deletes confirmed rows (`OUTBOX_ON_PUBLISH=delete`); pairs as in
+    /// [`Store::mark_published`].
+    pub async fn delete_published(&self, ids: &[Uuid], attempts: &[i32]) -> Result<u64, StoreError> {
+        self.execute(
+            &self.sql.delete_published,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
     }
 
     /// Records failed attempts: each row's error and its delay before the
-    /// next attempt (the three slices are columns of the same rows).
+    /// next attempt (the slices are columns of the same rows; attempts as in
+    /// [`Store::mark_published`]).
     pub async fn reschedule(
         &self,
         ids: &[Uuid],
+        attempts: &[i32],
         errors: &[&str],
         delays: &[Duration],
     ) -> Result<u64, StoreError> {
         let errors = last_errors(errors);
-        let delays: Vec<i64> = delays
-            .iter()
-            .map(|delay| i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
-            .collect();
+        let delays = millis(delays);
         self.execute(
             &self.sql.reschedule,
             &[
                 (&ids, Type::UUID_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
                 (&errors, Type::TEXT_ARRAY),
                 (&delays, Type::INT8_ARRAY),
             ],
@@ -349,11 +471,30 @@ impl Store {
     }
 
     /// Quarantines rows with their reasons (columns of the same rows).
-    pub async fn quarantine(&self, ids: &[Uuid], errors: &[&str]) -> Result<u64, StoreError> {
+    pub async fn quarantine(
+        &self,
+        ids: &[Uuid],
+        attempts: &[i32],
+        errors: &[&str],
+    ) -> Result<u64, StoreError> {
         let errors = last_errors(errors);
         self.execute(
             &self.sql.quarantine,
-            &[(&ids, Type::UUID_ARRAY), (&errors, Type::TEXT_ARRAY)],
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+                (&errors, Type::TEXT_ARRAY),
+            ],
+        )
+        .await
+    }
+
+    /// Gives back the attempts of rows the broker or the network failed;
+    /// they are due again at once (pairs as in [`Store::mark_published`]).
+    pub async fn defer(&self, ids: &[Uuid], attempts: &[i32]) -> Result<u64, StoreError> {
+        self.execute(
+            &self.sql.defer,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
         )
         .await
     }
@@ -365,6 +506,13 @@ impl Store {
         })
         .await
     }
+}
+
+fn millis(delays: &[Duration]) -> Vec<i64> {
+    delays
+        .iter()
+        .map(|delay| i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
+        .collect()
 }
 
 /// `last_error` is for a person reading `quarantine list`: one line, and

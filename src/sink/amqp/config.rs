@@ -18,6 +18,9 @@ pub struct AmqpConfig {
     pub exchange: String,
     /// Routing key template.
     pub routing_key: RoutingKeyTemplate,
+    /// The broker's `max_message_size`: a larger payload is quarantined
+    /// without being sent (RabbitMQ would close the channel on it).
+    pub max_message_bytes: usize,
     /// TLS for an `amqps://` URL; `None` for `amqp://`.
     pub tls: Option<AmqpTls>,
 }
@@ -64,6 +67,7 @@ impl fmt::Debug for AmqpConfig {
             .field("url", &self.redacted_url())
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
+            .field("max_message_bytes", &self.max_message_bytes)
             .field("tls", &self.tls)
             .finish()
     }
@@ -72,7 +76,12 @@ impl fmt::Debug for AmqpConfig {
 impl AmqpConfig {
     /// Validates `OUTBOX_AMQP_URL`, `OUTBOX_AMQP_EXCHANGE` and
     /// `OUTBOX_AMQP_ROUTING_KEY`.
-    pub fn parse(url: &str, exchange: &str, routing_key: &str) -> Result<Self, ConfigError> {
+    pub fn parse(
+        url: &str,
+        exchange: &str,
+        routing_key: &str,
+        max_message_bytes: &str,
+    ) -> Result<Self, ConfigError> {
         let parsed = url::Url::parse(url)
             .map_err(|e| ConfigError::new(var::AMQP_URL, format!("is not a valid URL: {e}")))?;
         if !matches!(parsed.scheme(), "amqp" | "amqps") {
@@ -89,10 +98,23 @@ impl AmqpConfig {
         }
         let routing_key =
             RoutingKeyTemplate::parse(routing_key).map_err(|e| ConfigError::new(var::AMQP_ROUTING_KEY, e))?;
+        // RabbitMQ itself accepts at most 512 MiB, whatever it is set to.
+        let max_message_bytes = max_message_bytes
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|bytes| (1..=512 * 1024 * 1024).contains(bytes))
+            .ok_or_else(|| {
+                ConfigError::new(
+                    var::AMQP_MAX_MESSAGE_BYTES,
+                    format!("'{max_message_bytes}' is not a number of bytes from 1 to 536870912"),
+                )
+            })?;
         Ok(Self {
             url: url.to_owned(),
             exchange: exchange.to_owned(),
             routing_key,
+            max_message_bytes,
             tls: None,
         })
     }
@@ -257,14 +279,16 @@ mod tests {
 
     #[test]
     fn certificate_files_name_their_variable() {
-        let plain = AmqpConfig::parse("amqp://guest:guest@h:5672/%2f", "x", "{event_type}").unwrap();
+        let plain =
+            AmqpConfig::parse("amqp://guest:guest@h:5672/%2f", "x", "{event_type}", "16777216").unwrap();
         let error = plain
             .clone()
             .with_tls_files(Some("/x/ca.pem"), None, None)
             .unwrap_err();
         assert_eq!(error.variable, "OUTBOX_AMQP_CA_FILE");
         assert!(plain.with_tls_files(None, None, None).unwrap().tls.is_none());
-        let secure = AmqpConfig::parse("amqps://guest:hunter2@h/%2f", "x", "{event_type}").unwrap();
+        let secure =
+            AmqpConfig::parse("amqps://guest:hunter2@h/%2f", "x", "{event_type}", "16777216").unwrap();
         let error = secure
             .clone()
             .with_tls_files(Some("/x/ca.pem"), None, None)

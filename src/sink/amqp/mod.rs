@@ -11,15 +11,18 @@
 //! timed-out batch's channel is dropped with its late confirms instead of
 //! leaving them to a later batch.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use futures::future::{join_all, BoxFuture};
+use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
@@ -28,12 +31,8 @@ mod tls;
 
 pub use config::{redact_url, AmqpConfig, AmqpTls, RoutingKeyTemplate};
 
-use super::{Outcome, Sink, SinkError};
+use super::{Breaker, Outcome, Sink, SinkError};
 use crate::event::Event;
-
-/// RabbitMQ's default `max_message_size`; a larger body is refused by the
-/// broker (it closes the channel), so it can never be published.
-const MAX_BODY_BYTES: usize = 128 * 1024 * 1024;
 
 /// AMQP short strings (routing keys) are limited to 255 bytes.
 const MAX_SHORT_STRING: usize = 255;
@@ -47,6 +46,13 @@ struct Link {
 impl Link {
     fn is_open(&self) -> bool {
         self.connection.status().connected()
+    }
+
+    /// RabbitMQ blocks a connection's publishing during a memory or disk
+    /// alarm (`connection.blocked`): nothing sent is confirmed until the
+    /// alarm clears.
+    fn is_blocked(&self) -> bool {
+        self.connection.status().blocked()
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Channel>> {
@@ -77,6 +83,7 @@ impl Link {
 pub struct AmqpSink {
     config: AmqpConfig,
     link: Mutex<Option<Arc<Link>>>,
+    breaker: Breaker,
 }
 
 impl AmqpSink {
@@ -85,6 +92,7 @@ impl AmqpSink {
         Self {
             config,
             link: Mutex::new(None),
+            breaker: Breaker::default(),
         }
     }
 
@@ -184,10 +192,11 @@ impl AmqpSink {
 
     /// Checks that can fail before anything is sent, and never succeed later.
     fn precheck(&self, event: &Event) -> Result<String, String> {
-        if event.payload.len() > MAX_BODY_BYTES {
+        if event.payload.len() > self.config.max_message_bytes {
             return Err(format!(
-                "payload of {} bytes exceeds RabbitMQ's maximum message size of {MAX_BODY_BYTES} bytes",
-                event.payload.len()
+                "payload of {} bytes exceeds the broker's maximum message size of {} bytes (OUTBOX_AMQP_MAX_MESSAGE_BYTES)",
+                event.payload.len(),
+                self.config.max_message_bytes
             ));
         }
         if event.event_type.len() > MAX_SHORT_STRING {
@@ -206,36 +215,92 @@ impl AmqpSink {
         Ok(routing_key)
     }
 
-    async fn publish_batch(&self, events: &[Event]) -> Vec<Outcome> {
+    async fn publish_batch(&self, events: &[Event], deadline: Instant) -> Vec<Outcome> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
+        let mut sendable = Vec::with_capacity(events.len());
+        for (index, event) in events.iter().enumerate() {
+            match self.precheck(event) {
+                Ok(routing_key) => sendable.push(Message { index, routing_key }),
+                Err(reason) => outcomes[index] = Some(Outcome::Reject(reason)),
+            }
+        }
+        // A group is published on one channel. A group whose channel the
+        // broker closes for a message's sake is split in halves, each on a
+        // fresh channel, until the message stands alone and is rejected:
+        // its batch-mates are published, and only it is quarantined.
+        let mut groups: VecDeque<Vec<Message>> = VecDeque::from([sendable]);
+        while let Some(group) = groups.pop_front() {
+            if group.is_empty() {
+                continue;
+            }
+            let settled = if Instant::now() >= deadline {
+                Settled::unanswered(&group, not_confirmed_in_time())
+            } else {
+                self.publish_group(events, &group, deadline).await
+            };
+            for (index, outcome) in settled.outcomes {
+                outcomes[index] = Some(outcome);
+            }
+            match settled.closed_by {
+                None => {}
+                Some(reason) if settled.unsettled.len() == 1 => {
+                    let index = settled.unsettled[0].index;
+                    outcomes[index] = Some(Outcome::Reject(format!("RabbitMQ closed the channel: {reason}")));
+                }
+                Some(reason) => {
+                    debug!(messages = settled.unsettled.len(), %reason, "RabbitMQ closed the channel for a message; publishing the rest in halves");
+                    let mut first = settled.unsettled;
+                    let second = first.split_off(first.len() / 2);
+                    groups.push_front(second);
+                    groups.push_front(first);
+                }
+            }
+        }
+        let outcomes: Vec<Outcome> = outcomes
+            .into_iter()
+            .map(|outcome| outcome.unwrap_or_else(|| Outcome::Deferred("not attempted".to_owned())))
+            .collect();
+        // Every deferral here is the broker's or the network's doing.
+        match outcomes.iter().find_map(|outcome| match outcome {
+            Outcome::Deferred(reason) => Some(reason),
+            _ => None,
+        }) {
+            Some(reason) => self.breaker.trip(reason),
+            None => self.breaker.reset(),
+        }
+        outcomes
+    }
+
+    /// Publishes `group` on one channel and waits for its confirms until
+    /// `deadline`.
+    async fn publish_group(&self, events: &[Event], group: &[Message], deadline: Instant) -> Settled {
         let link = match self.link().await {
             Ok(link) => link,
-            Err(e) => return vec![Outcome::Retry(e.0); events.len()],
+            Err(e) => return Settled::unanswered(group, e.0),
         };
+        if link.is_blocked() {
+            return Settled::unanswered(group, blocked_reason());
+        }
         let channel = match link.channel().await {
             Ok(channel) => channel,
             Err(e) => {
                 let reason = format!("no RabbitMQ channel: {e}");
                 warn!(%reason, "RabbitMQ connection failed; reconnecting before the next batch");
                 self.forget(&link).await;
-                return vec![Outcome::Retry(reason); events.len()];
+                return Settled::unanswered(group, reason);
             }
         };
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        let mut sendable = Vec::with_capacity(events.len());
-        for (index, event) in events.iter().enumerate() {
-            match self.precheck(event) {
-                Ok(routing_key) => sendable.push((index, event, routing_key)),
-                Err(reason) => outcomes[index] = Some(Outcome::Reject(reason)),
-            }
-        }
-        // Every publish of the batch is started before any is awaited: the
-        // first poll of each queues its frames in batch order, so lapin's
-        // I/O loop writes the batch in a few large writes. Awaiting them one
-        // at a time would cost a thread hand-off and a write per message.
-        let sends = join_all(sendable.iter().map(|(_, event, routing_key)| {
+        // Every publish of the group is started before any is awaited: the
+        // first poll of each queues its frames in order, so lapin's I/O loop
+        // writes the batch in a few large writes. Awaiting them one at a
+        // time would cost a thread hand-off and a write per message. A
+        // blocked broker stops reading, so even the writes are bounded by
+        // the deadline.
+        let sends = join_all(group.iter().map(|message| {
+            let event = &events[message.index];
             channel.basic_publish(
                 self.config.exchange.as_str().into(),
-                routing_key.as_str().into(),
+                message.routing_key.as_str().into(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..BasicPublishOptions::default()
@@ -243,63 +308,152 @@ impl AmqpSink {
                 event.payload.as_bytes(),
                 Self::properties(event),
             )
-        }))
-        .await;
-        let mut pending = Vec::with_capacity(sends.len());
-        let mut broken: Option<String> = None;
-        for ((index, _, _), sent) in sendable.iter().zip(sends) {
+        }));
+        let sends = match tokio::time::timeout_at(deadline, sends).await {
+            Ok(sends) => sends,
+            Err(_) => return Settled::unanswered(group, not_confirmed_in_time()),
+        };
+        let mut waiting = FuturesUnordered::new();
+        let mut answers: Vec<Option<Result<Confirmation, lapin::Error>>> = Vec::new();
+        answers.resize_with(group.len(), || None);
+        for (position, sent) in sends.into_iter().enumerate() {
             match sent {
-                Ok(confirm) => pending.push((*index, confirm)),
-                Err(e) => {
-                    let reason = format!("publish failed: {e}");
-                    outcomes[*index] = Some(Outcome::Retry(reason.clone()));
-                    broken.get_or_insert(reason);
-                }
+                Ok(confirm) => waiting.push(async move { (position, confirm.await) }),
+                Err(e) => answers[position] = Some(Err(e)),
             }
         }
-        let (indexes, confirms): (Vec<usize>, Vec<_>) = pending.into_iter().unzip();
-        let confirmations = join_all(confirms).await;
-        let returns = Returns::collect(&confirmations, events, &self.config.exchange);
+        // Answers that came before the deadline stand; the rest are left
+        // unanswered, so a confirmed row is not sent again.
+        while let Ok(Some((position, answer))) = tokio::time::timeout_at(deadline, waiting.next()).await {
+            answers[position] = Some(answer);
+        }
+        drop(waiting);
+        let settled = self.settle(events, group, answers);
+        if settled
+            .outcomes
+            .iter()
+            .all(|(_, outcome)| !matches!(outcome, Outcome::Deferred(_)))
+            && settled.closed_by.is_none()
+        {
+            link.release(channel);
+        } else if !link.is_open() {
+            warn!("RabbitMQ connection failed; reconnecting before the next batch");
+            self.forget(&link).await;
+        }
+        // Otherwise the channel is dropped, with any confirm still to come,
+        // so that no later batch receives it.
+        settled
+    }
+
+    /// Each message's answer decides its row; see [`Returns`] for how a
+    /// return finds its row.
+    fn settle(
+        &self,
+        events: &[Event],
+        group: &[Message],
+        answers: Vec<Option<Result<Confirmation, lapin::Error>>>,
+    ) -> Settled {
+        let returns = Returns::collect(answers.iter().flatten(), events, &self.config.exchange);
         if let Some(stray) = &returns.stray {
-            // Some message of this batch may have gone nowhere and we cannot
+            // Some message of this group may have gone nowhere and we cannot
             // tell which: marking any row could lose it, so all are retried.
             let reason = format!(
                 "RabbitMQ returned a message that names no row of this batch ({stray}); the whole batch is retried"
             );
             warn!(%reason, "unattributable basic.return");
-            return vec![Outcome::Retry(reason); events.len()];
+            return Settled {
+                outcomes: group
+                    .iter()
+                    .map(|m| (m.index, Outcome::Retry(reason.clone())))
+                    .collect(),
+                ..Settled::default()
+            };
         }
-        for (index, confirmation) in indexes.into_iter().zip(confirmations) {
-            let returned = returns.reason_for(&events[index].id);
-            outcomes[index] = Some(match (confirmation, returned) {
-                (Ok(Confirmation::Ack(_)), None) => Outcome::Published,
-                (Ok(Confirmation::Ack(_) | Confirmation::Nack(_)), Some(unroutable)) => {
+        let mut settled = Settled::default();
+        for (message, answer) in group.iter().zip(answers) {
+            let returned = returns.reason_for(&events[message.index].id);
+            let outcome = match (answer, returned) {
+                (None, Some(unroutable)) => Outcome::Retry(unroutable.clone()),
+                (None, None) => Outcome::Deferred(not_confirmed_in_time()),
+                (Some(Ok(Confirmation::Ack(_))), None) => Outcome::Published,
+                (Some(Ok(Confirmation::Ack(_) | Confirmation::Nack(_))), Some(unroutable)) => {
                     Outcome::Retry(unroutable.clone())
                 }
-                (Ok(Confirmation::Nack(_)), None) => Outcome::Retry("nacked by RabbitMQ".to_owned()),
-                (Ok(Confirmation::NotRequested), _) => {
-                    Outcome::Retry("channel is not in confirm mode".to_owned())
+                (Some(Ok(Confirmation::Nack(_))), None) => Outcome::Retry("nacked by RabbitMQ".to_owned()),
+                (Some(Ok(Confirmation::NotRequested)), _) => {
+                    Outcome::Deferred("channel is not in confirm mode".to_owned())
                 }
-                (Err(e), _) => {
-                    broken.get_or_insert_with(|| e.to_string());
-                    Outcome::Retry(format!("confirm not received: {e}"))
-                }
-            });
+                (Some(Err(e)), _) => match closed_for_a_message(&e) {
+                    Some(reason) => {
+                        settled.closed_by.get_or_insert(reason);
+                        settled.unsettled.push(message.clone());
+                        continue;
+                    }
+                    None => Outcome::Deferred(format!("confirm not received: {e}")),
+                },
+            };
+            settled.outcomes.push((message.index, outcome));
         }
-        if let Some(reason) = broken {
-            if link.is_open() {
-                warn!(%reason, "RabbitMQ channel failed; the next batch opens another");
-            } else {
-                warn!(%reason, "RabbitMQ connection failed; reconnecting before the next batch");
-                self.forget(&link).await;
-            }
-        } else {
-            link.release(channel);
+        settled
+    }
+}
+
+/// One message of a batch: its row's index, and its routing key.
+#[derive(Debug, Clone)]
+struct Message {
+    index: usize,
+    routing_key: String,
+}
+
+/// What came of publishing a group on one channel.
+#[derive(Debug, Default)]
+struct Settled {
+    /// Rows (by index) with their outcome.
+    outcomes: Vec<(usize, Outcome)>,
+    /// Set when RabbitMQ closed the channel for a message's sake: the
+    /// broker's reason.
+    closed_by: Option<String>,
+    /// The messages without an answer because of that close: the culprit
+    /// is among them.
+    unsettled: Vec<Message>,
+}
+
+impl Settled {
+    /// Every message deferred for `reason`.
+    fn unanswered(group: &[Message], reason: String) -> Self {
+        Self {
+            outcomes: group
+                .iter()
+                .map(|m| (m.index, Outcome::Deferred(reason.clone())))
+                .collect(),
+            ..Self::default()
         }
-        outcomes
-            .into_iter()
-            .map(|outcome| outcome.unwrap_or_else(|| Outcome::Retry("not attempted".to_owned())))
-            .collect()
+    }
+}
+
+fn not_confirmed_in_time() -> String {
+    "not confirmed within OUTBOX_PUBLISH_TIMEOUT".to_owned()
+}
+
+fn blocked_reason() -> String {
+    "RabbitMQ blocks publishing (connection.blocked: a memory or disk alarm)".to_owned()
+}
+
+/// The broker's reason when it closed the channel because of a message
+/// (406 PRECONDITION_FAILED: larger than its `max_message_size`, or another
+/// property it refuses). Any other close (a deleted exchange, a lost
+/// connection) is not a message's fault.
+fn closed_for_a_message(error: &lapin::Error) -> Option<String> {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(
+                amqp.kind(),
+                AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+            ) =>
+        {
+            Some(amqp.get_message().to_string())
+        }
+        _ => None,
     }
 }
 
@@ -321,8 +475,8 @@ struct Returns {
 }
 
 impl Returns {
-    fn collect(
-        confirmations: &[Result<Confirmation, lapin::Error>],
+    fn collect<'c>(
+        confirmations: impl Iterator<Item = &'c Result<Confirmation, lapin::Error>>,
         events: &[Event],
         exchange: &str,
     ) -> Self {
@@ -331,12 +485,10 @@ impl Returns {
             unroutable: HashMap::new(),
             stray: None,
         };
-        let carried = confirmations
-            .iter()
-            .filter_map(|confirmation| match confirmation {
-                Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Some(returned),
-                _ => None,
-            });
+        let carried = confirmations.filter_map(|confirmation| match confirmation {
+            Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Some(returned),
+            _ => None,
+        });
         for returned in carried {
             let reason = format!(
                 "returned by RabbitMQ as unroutable: {} {} (exchange '{exchange}', routing key '{}')",
@@ -372,12 +524,22 @@ impl Returns {
 }
 
 impl Sink for AmqpSink {
-    fn publish<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(self.publish_batch(events))
+    fn publish<'a>(&'a self, events: &'a [Event], deadline: Instant) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(self.publish_batch(events, deadline))
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        self.config.max_message_bytes
     }
 
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(async move { self.link().await.map(|_| ()) })
+        Box::pin(async move {
+            let link = self.link().await?;
+            if link.is_blocked() {
+                return Err(SinkError(blocked_reason()));
+            }
+            self.breaker.check()
+        })
     }
 
     fn kind(&self) -> &'static str {

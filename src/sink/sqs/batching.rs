@@ -130,7 +130,8 @@ where
         for index in held {
             results.push((
                 index,
-                Outcome::Retry(
+                // Not sent, so not an attempt of its own.
+                Outcome::Deferred(
                     "held back: an earlier event of its message group is being retried".to_owned(),
                 ),
             ));
@@ -141,7 +142,9 @@ where
         match send(request.clone()).await {
             Sent::Outcomes(outcomes) => {
                 for (index, outcome) in request.into_iter().zip(outcomes) {
-                    if let (Outcome::Retry(_), Some(group)) = (&outcome, group_of(index)) {
+                    if let (Outcome::Retry(_) | Outcome::Deferred(_), Some(group)) =
+                        (&outcome, group_of(index))
+                    {
                         retrying.insert(group);
                     }
                     results.push((index, outcome));
@@ -281,8 +284,8 @@ mod tests {
         );
         assert_eq!(sent, vec![vec![0, 1], vec![3], vec![4]]);
         let outcome = |index: usize| results.iter().find(|(i, _)| *i == index).map(|(_, o)| o.clone());
-        assert!(matches!(outcome(2), Some(Outcome::Retry(r)) if r.contains("held back")));
-        assert!(matches!(outcome(5), Some(Outcome::Retry(r)) if r.contains("held back")));
+        assert!(matches!(outcome(2), Some(Outcome::Deferred(r)) if r.contains("held back")));
+        assert!(matches!(outcome(5), Some(Outcome::Deferred(r)) if r.contains("held back")));
         assert_eq!(outcome(1), Some(Outcome::Published));
         assert_eq!(outcome(4), Some(Outcome::Published));
         // Standard queues have no groups: nothing is held back.

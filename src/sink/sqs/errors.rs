@@ -129,12 +129,12 @@ fn is_content_error(code: Option<&str>) -> bool {
 /// SQS answered), means for its `entries`: a content error is split to find
 /// the entry that causes it. Any other error (throttling, a malformed queue
 /// URL, an unsupported operation, no answer at all) has nothing to do with
-/// one row, so every row waits.
+/// one row, so every row waits without being charged an attempt.
 pub(super) fn classify_request_error(code: Option<&str>, reason: String, entries: usize) -> Sent {
     if is_content_error(code) {
         Sent::Split(reason)
     } else {
-        Sent::Outcomes(vec![Outcome::Retry(reason); entries])
+        Sent::Outcomes(vec![Outcome::Deferred(reason); entries])
     }
 }
 
@@ -146,6 +146,8 @@ pub(super) fn suggests_outage(code: Option<&str>, status: Option<u16>) -> bool {
         // No service answer at all: connection refused or reset, timeout.
         None => true,
         Some(_) if is_content_error(code) => false,
+        // Throttling is the service asking every sender to slow down.
+        Some(code) if unprefixed(code).to_ascii_lowercase().contains("throttl") => true,
         Some(_) => status.is_some_and(|s| s >= 500),
     }
 }
@@ -182,13 +184,13 @@ mod tests {
         // checked again.
         let rows = |code: Option<&str>| classify_request_error(code, "r".to_owned(), 2);
         let split = Sent::Split("r".to_owned());
-        let retry = Sent::Outcomes(vec![Outcome::Retry("r".to_owned()); 2]);
+        let retry = Sent::Outcomes(vec![Outcome::Deferred("r".to_owned()); 2]);
         assert_eq!(rows(Some("InvalidParameterValue")), split);
         assert!(!suggests_outage(Some("InvalidParameterValue"), Some(400)));
         assert_eq!(rows(Some("BatchRequestTooLong")), split);
         assert!(!suggests_outage(Some("BatchRequestTooLong"), Some(400)));
         assert_eq!(rows(Some("RequestThrottled")), retry);
-        assert!(!suggests_outage(Some("RequestThrottled"), Some(400)));
+        assert!(suggests_outage(Some("RequestThrottled"), Some(400)));
         assert_eq!(rows(Some("InternalError")), retry);
         assert!(suggests_outage(Some("InternalError"), Some(500)));
         assert_eq!(rows(Some("AWS.SimpleQueueService.NonExistentQueue")), retry);

@@ -39,7 +39,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
-use super::{Outcome, Sink, SinkError};
+use super::{Breaker, Outcome, Sink, SinkError};
 use crate::event::Event;
 use batching::{chain_by_group, group_requests, request_byte_limit, run_chain, Sent};
 use batching::{CLASSIC_REQUEST_BYTES, MAX_ENTRIES};
@@ -51,6 +51,10 @@ use message::{entry, precheck};
 /// concurrent requests; eight covers a 100-row batch (ten requests) in
 /// about one round trip without opening a connection per request.
 pub const IN_FLIGHT: usize = 8;
+
+/// The largest `MaximumMessageSize` a queue can have (1 MiB): a larger
+/// payload can never be sent, so a claim does not load it.
+const MAX_QUEUE_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// How long an answer from SQS (a probe, or a request it processed)
 /// stands for [`Sink::ready`]. The relay asks before every claim; probing
@@ -68,6 +72,7 @@ pub struct SqsSink {
     queue_url: String,
     fifo: bool,
     state: Mutex<QueueState>,
+    breaker: Breaker,
 }
 
 /// What the last look at the queue found.
@@ -91,6 +96,7 @@ impl SqsSink {
             queue_url: config.queue_url.clone(),
             fifo: config.is_fifo(),
             state: Mutex::new(QueueState::default()),
+            breaker: Breaker::default(),
         })
     }
 
@@ -184,10 +190,10 @@ impl SqsSink {
         }
     }
 
-    async fn publish_batch(&self, events: &[Event]) -> Vec<Outcome> {
+    async fn publish_batch(&self, events: &[Event], deadline: tokio::time::Instant) -> Vec<Outcome> {
         let max_message_size = match self.max_message_size().await {
             Ok(size) => size,
-            Err(e) => return vec![Outcome::Retry(e.0); events.len()],
+            Err(e) => return vec![Outcome::Deferred(e.0); events.len()],
         };
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut sendable = Vec::with_capacity(events.len());
@@ -205,17 +211,53 @@ impl SqsSink {
         };
         let group_of = |index: usize| self.fifo.then(|| events[index].aggregate_id.as_str());
         let results: Vec<Vec<(usize, Outcome)>> = futures::stream::iter(chains)
-            .map(|chain| run_chain(chain, group_of, |request| self.send_request(events, request)))
+            .map(|chain| {
+                run_chain(chain, group_of, |request| {
+                    self.send_before(events, request, deadline)
+                })
+            })
             .buffer_unordered(IN_FLIGHT)
             .collect()
             .await;
         for (index, outcome) in results.into_iter().flatten() {
             outcomes[index] = Some(outcome);
         }
-        outcomes
+        let outcomes: Vec<Outcome> = outcomes
             .into_iter()
-            .map(|outcome| outcome.unwrap_or_else(|| Outcome::Retry("not attempted".to_owned())))
-            .collect()
+            .map(|outcome| outcome.unwrap_or_else(|| Outcome::Deferred("not attempted".to_owned())))
+            .collect();
+        outcomes
+    }
+
+    /// [`Self::send_request`], unless `deadline` has passed or passes
+    /// first: then the entries are deferred. A request that completed
+    /// before the deadline keeps its outcomes, so entries SQS accepted are
+    /// not sent again.
+    async fn send_before(
+        &self,
+        events: &[Event],
+        request: Vec<usize>,
+        deadline: tokio::time::Instant,
+    ) -> Sent {
+        let entries = request.len();
+        let deferred = || {
+            Sent::Outcomes(vec![
+                Outcome::Deferred(
+                    "not sent within OUTBOX_PUBLISH_TIMEOUT".to_owned()
+                );
+                entries
+            ])
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return deferred();
+        }
+        tokio::time::timeout_at(deadline, self.send_request(events, request))
+            .await
+            .unwrap_or_else(|_| {
+                self.breaker
+                    .trip("SendMessageBatch not answered within OUTBOX_PUBLISH_TIMEOUT");
+                deferred()
+            })
     }
 
     /// Sends one `SendMessageBatch` for `request` (indexes into `events`).
@@ -247,6 +289,7 @@ impl SqsSink {
         match response {
             Ok(output) => {
                 self.answered();
+                self.breaker.reset();
                 let successful: Vec<&str> = output.successful().iter().map(|ok| ok.id()).collect();
                 Sent::Outcomes(entry_outcomes(request.len(), &successful, output.failed()))
             }
@@ -255,6 +298,7 @@ impl SqsSink {
                 let reason = format!("SendMessageBatch failed: {}", describe_sdk_error(&e));
                 if suggests_outage(e.code(), status) {
                     self.suspect();
+                    self.breaker.trip(&reason);
                 } else {
                     self.answered();
                 }
@@ -269,12 +313,23 @@ impl SqsSink {
 }
 
 impl Sink for SqsSink {
-    fn publish<'a>(&'a self, events: &'a [Event]) -> BoxFuture<'a, Vec<Outcome>> {
-        Box::pin(self.publish_batch(events))
+    fn publish<'a>(
+        &'a self,
+        events: &'a [Event],
+        deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, Vec<Outcome>> {
+        Box::pin(self.publish_batch(events, deadline))
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        MAX_QUEUE_MESSAGE_BYTES
     }
 
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(self.check())
+        Box::pin(async move {
+            self.check().await?;
+            self.breaker.check()
+        })
     }
 
     fn kind(&self) -> &'static str {

@@ -1,18 +1,28 @@
--- Claims up to $1 due rows and leases them for $2 milliseconds.
+-- Claims due rows and leases them for $2 milliseconds: at most $1 rows,
+-- and no more than $3 bytes of payload (always at least one row). A
+-- payload larger than $4 bytes (the most the sink can ever publish) is not
+-- returned: the relay quarantines that row without loading it.
 --
 -- The lease is committed before anything is published, so no transaction
 -- stays open across the broker round trip, and a relay that dies mid-batch
 -- leaves rows that become due again when the lease runs out. The attempt is
 -- counted here, not after the publish: a row whose publish kills the relay
--- still moves towards quarantine.
+-- still moves towards quarantine. The returned attempt_count identifies
+-- this claim: every outcome is recorded only where it still matches.
 --
 -- Plan: an index scan of the partial pending index in (created_at, id)
 -- order, next_attempt_at checked on the heap row (which FOR UPDATE reads
 -- anyway), stopped by the LIMIT; SKIP LOCKED passes over rows another
 -- replica is claiming. Published and quarantined rows are not in that index
 -- at all. The UPDATE touches no indexed column, so it is a HOT update.
+-- Rows locked by `due` but cut by the byte budget are not updated, and
+-- their locks end with the statement.
+--
+-- Every column is cast to the type the relay reads, so a table in an older
+-- shape (created_at without time zone, a BIGINT attempt_count, a UUID
+-- aggregate_id) works as it is.
 WITH due AS (
-    SELECT id
+    SELECT id, created_at, octet_length(payload::text) AS payload_bytes
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
@@ -20,11 +30,23 @@ WITH due AS (
     ORDER BY created_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+budgeted AS (
+    SELECT id, payload_bytes
+    FROM (
+        SELECT id, payload_bytes,
+               row_number() OVER w AS position,
+               sum(payload_bytes) OVER w AS running_bytes
+        FROM due
+        WINDOW w AS (ORDER BY created_at, id)
+    ) AS d
+    WHERE position = 1 OR running_bytes <= $3::bigint
 )
 UPDATE {table} AS t
 SET attempt_count = t.attempt_count + 1,
     next_attempt_at = now() + $2::bigint * interval '1 millisecond'
-FROM due
-WHERE t.id = due.id
-RETURNING t.id, t.causation_id, t.event_type::text, t.aggregate_id::text,
-          t.payload::text, t.created_at, t.attempt_count
+FROM budgeted AS b
+WHERE t.id = b.id
+RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
+          CASE WHEN b.payload_bytes <= $4::bigint THEN t.payload::text END,
+          b.payload_bytes::bigint, t.created_at::timestamptz, t.attempt_count::int4

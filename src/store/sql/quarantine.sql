@@ -1,8 +1,10 @@
 -- Rows that will not succeed by retrying: out of attempts, or rejected by
--- the sink. They leave the pending index and wait for an operator.
+-- the sink. They leave the pending index and wait for an operator. Each
+-- row only while its claim's attempt still stands (see mark_published.sql).
 UPDATE {table} AS t
 SET last_error = f.error,
     quarantined_at = now()
-FROM unnest($1::uuid[], $2::text[]) AS f(id, error)
+FROM unnest($1::uuid[], $2::int[], $3::text[]) AS f(id, attempt, error)
 WHERE t.id = f.id
+  AND t.attempt_count = f.attempt
   AND t.published_at IS NULL
