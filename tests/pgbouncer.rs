@@ -42,12 +42,12 @@ fn start_relay(db: &TestDb, env: &[(&'static str, String)], log: Arc<Mutex<Strin
     RelayProcess { child }
 }
 
-/// What a client of the pool reads for the relay's two planner settings,
+/// What a client of the pool reads for the relay's settings,
 /// each `SHOW` in a transaction of its own, so on whichever server
 /// connection PgBouncer hands out.
 async fn planner_settings_seen(client: &tokio_postgres::Client) -> Vec<(String, String)> {
     let mut seen = Vec::new();
-    for setting in ["plan_cache_mode", "enable_bitmapscan"] {
+    for setting in ["plan_cache_mode", "enable_bitmapscan", "statement_timeout"] {
         let rows = client
             .simple_query(&format!("SHOW {setting}"))
             .await
@@ -155,6 +155,7 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
     let defaults: HashSet<(String, String)> = [
         ("plan_cache_mode".to_owned(), "auto".to_owned()),
         ("enable_bitmapscan".to_owned(), "on".to_owned()),
+        ("statement_timeout".to_owned(), "0".to_owned()),
     ]
     .into();
     assert_eq!(
