@@ -52,10 +52,30 @@ fn run(command: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// `program args…` run as the `postgres` user.
+/// `program args…` run as the `postgres` user, for commands run to
+/// completion.
 fn as_postgres(program: &Path) -> Command {
     let mut command = Command::new("runuser");
     command.args(["-u", "postgres", "--"]).arg(program);
+    command
+}
+
+/// `program` started directly as the `postgres` user, for servers: the
+/// child is the server itself, so killing the child stops it (through
+/// `runuser`, the server would outlive a killed `runuser`).
+fn spawn_as_postgres(program: &Path) -> Command {
+    use std::os::unix::process::CommandExt as _;
+    let id = |flag: &str| -> u32 {
+        run(
+            Command::new("id").args([flag, "postgres"]),
+            "id postgres (is PostgreSQL installed?)",
+        )
+        .trim()
+        .parse()
+        .expect("a numeric id")
+    };
+    let mut command = Command::new(program);
+    command.uid(id("-u")).gid(id("-g"));
     command
 }
 
@@ -378,7 +398,7 @@ impl PgBouncer {
         )
         .expect("write pgbouncer.ini");
         dir.chown_all();
-        let child = as_postgres(&pgbouncer)
+        let child = spawn_as_postgres(&pgbouncer)
             .arg(&ini)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
