@@ -23,6 +23,7 @@
 //! - [`retry`] — a row's backoff between attempts, a pure function of the attempt.
 //! - [`outage`] — a dependency outage, logged once, waited out with the one in-process retry
 //!   policy.
+//! - [`liveness`] — the relay workers' heartbeat behind `/healthz`.
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.
 //! - [`maintenance`] — the backlog gauges' refresher and retention of published rows.
 //! - [`cli`] — the command line and the admin commands.
@@ -38,6 +39,7 @@ pub mod cli;
 pub mod config;
 pub mod event;
 pub mod http;
+pub mod liveness;
 pub mod maintenance;
 pub mod metrics;
 pub mod outage;

@@ -45,6 +45,16 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(out)))
 }
 
+/// The keys of a JSON object: the documented shape of an answer.
+fn keys(value: &serde_json::Value) -> HashSet<&str> {
+    value
+        .as_object()
+        .unwrap_or_else(|| panic!("an object: {value}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
 /// The column where each line's value starts (after the label and its padding).
 fn value_column(line: &str, label: &str) -> usize {
     let rest = line
@@ -75,14 +85,8 @@ async fn status_json_reports_the_backlog() {
     backlog(&db).await;
 
     let status = json(&run(&db, &["status", "--json"]));
-    let keys: HashSet<&str> = status
-        .as_object()
-        .expect("an object")
-        .keys()
-        .map(String::as_str)
-        .collect();
     assert_eq!(
-        keys,
+        keys(&status),
         HashSet::from([
             "unpublished",
             "oldest_unpublished_age_seconds",
@@ -185,14 +189,8 @@ async fn quarantine_list_shows_each_quarantined_row() {
     let items = list.as_array().expect("an array");
     assert_eq!(items.len(), 3, "{list}");
     for item in items {
-        let keys: HashSet<&str> = item
-            .as_object()
-            .expect("objects")
-            .keys()
-            .map(String::as_str)
-            .collect();
         assert_eq!(
-            keys,
+            keys(item),
             HashSet::from([
                 "id",
                 "event_type",

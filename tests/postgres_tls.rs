@@ -264,24 +264,14 @@ async fn prefer_upgrades_to_tls_and_the_relay_publishes_over_it() {
     // encrypted is the client's choice.
     let cluster = PgCluster::start(&certs, "server", "host all all 127.0.0.1/32 trust");
     let admin = cluster.admin().await;
-    let name = format!("outbox_tls_{}", uuid::Uuid::new_v4().simple());
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create the database");
-    // TestDb drives the relay and the rows through its URL and client; the
-    // database lives on the private cluster.
-    let url = format!("postgres://postgres@127.0.0.1:{}/{name}", cluster.port);
-    let (client, connection) =
-        tokio_postgres::connect(&format!("{url}?sslmode=disable"), tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test database");
-    tokio::spawn(connection);
-    let db = TestDb {
-        name: name.clone(),
-        url: url.clone(),
-        client,
-    };
+    // A database of the test's own on the private cluster; TestDb's own
+    // connections are plain text (allowed by `host`), the relay's are not.
+    let db = TestDb::create_at(&format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        cluster.port
+    ))
+    .await;
+    let name = db.name.clone();
     let migrate = db.relay_command(&["migrate"], &[]).output().expect("run migrate");
     assert!(migrate.status.success(), "migrate: {}", stderr(&migrate));
     let broker = TestBroker::create("tls.#").await;
@@ -302,5 +292,4 @@ async fn prefer_upgrades_to_tls_and_the_relay_publishes_over_it() {
     );
     drop(relay);
     broker.cleanup().await;
-    // The database goes with the cluster when `cluster` is dropped.
 }

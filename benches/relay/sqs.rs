@@ -8,17 +8,17 @@
 //! queue). Only the ratio of the two runs says anything about the relay; an
 //! emulator's absolute speed says nothing about SQS.
 
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
-use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use futures::StreamExt;
 use outbox_relay::sink::sqs::IN_FLIGHT;
-use uuid::Uuid;
+use outbox_test_support::sqs::{client, TestQueue};
+use outbox_test_support::RelayProcess;
 
-use super::{proc_usage, relay_command, sample_event, BenchDb, Error, Options};
+use crate::fixture::{database, prefill, relay_settings, sample_event, unpublished};
+use crate::meter::proc_usage;
+use crate::{Error, Options};
 
 /// One SQS run's result.
 pub struct SqsRun {
@@ -28,42 +28,14 @@ pub struct SqsRun {
     pub relay_peak_rss_mib: f64,
 }
 
-fn client(endpoint: &str) -> Client {
-    Client::from_conf(
-        aws_sdk_sqs::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("test", "test", None, None, "bench"))
-            .endpoint_url(endpoint)
-            .build(),
-    )
-}
-
 fn describe(error: impl std::error::Error + 'static) -> String {
     aws_sdk_sqs::error::DisplayErrorContext(error).to_string()
 }
 
-async fn create_queue(sqs: &Client, fifo: bool) -> Result<String, Error> {
-    let name = format!(
-        "outbox-bench-{}{}",
-        Uuid::new_v4().simple(),
-        if fifo { ".fifo" } else { "" }
-    );
-    let mut request = sqs.create_queue().queue_name(name);
-    if fifo {
-        request = request.attributes(QueueAttributeName::FifoQueue, "true");
-    }
-    let created = request.send().await.map_err(describe)?;
-    Ok(created
-        .queue_url()
-        .ok_or("CreateQueue returned no URL")?
-        .to_owned())
-}
-
 /// Events/s of a bare `SendMessageBatch` loop: 10 entries a request, the
 /// sink's number of requests in flight, the relay's messages.
-async fn ceiling(sqs: &Client, fifo: bool, rows: usize) -> Result<f64, Error> {
-    let url = create_queue(sqs, fifo).await?;
+async fn ceiling(endpoint: &str, fifo: bool, rows: usize) -> Result<f64, Error> {
+    let queue = TestQueue::create_at(endpoint, fifo, None).await;
     let attribute = |value: &str| {
         MessageAttributeValue::builder()
             .data_type("String")
@@ -99,7 +71,7 @@ async fn ceiling(sqs: &Client, fifo: bool, rows: usize) -> Result<f64, Error> {
     let started = Instant::now();
     let results: Vec<Result<(), String>> = futures::stream::iter(requests)
         .map(|entries| {
-            let (sqs, url) = (sqs.clone(), url.clone());
+            let (sqs, url) = (queue.client.clone(), queue.url.clone());
             async move {
                 let output = sqs
                     .send_message_batch()
@@ -119,29 +91,23 @@ async fn ceiling(sqs: &Client, fifo: bool, rows: usize) -> Result<f64, Error> {
         .await;
     let rate = rows as f64 / started.elapsed().as_secs_f64();
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
-    let _ = sqs.delete_queue().queue_url(&url).send().await;
+    queue.cleanup().await;
     Ok(rate)
 }
 
 /// Events/s of the relay process, from its start to the last row marked
 /// published (the relay marks a row only after SQS accepted it).
-async fn relay(sqs: &Client, endpoint: &str, options: &Options, fifo: bool) -> Result<(f64, f64), Error> {
-    let url = create_queue(sqs, fifo).await?;
-    let db = BenchDb::create(options).await?;
-    db.prefill(options.sqs_rows).await?;
+async fn relay(endpoint: &str, options: &Options, fifo: bool) -> Result<(f64, f64), Error> {
+    let queue = TestQueue::create_at(endpoint, fifo, None).await;
+    let db = database(options).await;
+    prefill(&db, options.sqs_rows).await?;
     let started = Instant::now();
-    let mut relay: Child = relay_command(&db.url, options, "unused")
-        .env("OUTBOX_SINK", "sqs")
-        .env("OUTBOX_SQS_QUEUE_URL", &url)
-        .env("OUTBOX_SQS_ENDPOINT_URL", endpoint)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .stderr(Stdio::inherit())
-        .spawn()?;
+    let mut settings = relay_settings(options, "unused");
+    settings.extend(queue.env_via(endpoint));
+    let relay = RelayProcess::start(&db, &settings);
     let deadline = Instant::now() + Duration::from_secs(900);
     let outcome: Result<(), Error> = loop {
-        match db.unpublished().await {
+        match unpublished(&db).await {
             Ok(0) => break Ok(()),
             Ok(left) if Instant::now() > deadline => {
                 break Err(format!("{left} rows left after 15 minutes").into())
@@ -151,11 +117,9 @@ async fn relay(sqs: &Client, endpoint: &str, options: &Options, fifo: bool) -> R
         }
     };
     let rate = options.sqs_rows as f64 / started.elapsed().as_secs_f64();
-    let (peak_kib, _) = proc_usage(relay.id());
-    let _ = relay.kill();
-    let _ = relay.wait();
-    let _ = sqs.delete_queue().queue_url(&url).send().await;
-    db.drop().await?;
+    let (peak_kib, _) = proc_usage(relay.child.id());
+    drop(relay);
+    queue.cleanup().await;
     outcome?;
     Ok((rate, peak_kib as f64 / 1024.0))
 }
@@ -171,8 +135,8 @@ pub async fn run(options: &Options, endpoint: &str) -> Result<Vec<SqsRun>, Error
     })?;
     let mut runs = Vec::new();
     for fifo in [false, true] {
-        let ceiling = ceiling(&sqs, fifo, options.sqs_rows).await?;
-        let (relay, relay_peak_rss_mib) = relay(&sqs, endpoint, options, fifo).await?;
+        let ceiling = ceiling(endpoint, fifo, options.sqs_rows).await?;
+        let (relay, relay_peak_rss_mib) = relay(endpoint, options, fifo).await?;
         eprintln!(
             "SQS {}: ceiling {ceiling:.0}/s, relay {relay:.0}/s",
             if fifo { "FIFO" } else { "standard" }

@@ -2,12 +2,10 @@
 //! PostgreSQL: a message's effect is applied once, however often it comes,
 //! and retention forgets only old marks.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{eventually, TestDb};
 use outbox_consumer::{self as consumer, Claim, Deduplicator};
+use outbox_test_support::{eventually, TestDb};
 use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 

@@ -221,6 +221,14 @@ async fn migrate(args: MigrateSettings) -> Result<(), CliError> {
     } else {
         info!(table = %database.table, applied = ?applied, "migrations applied");
     }
+    // The migrations add what is missing but never convert a producer's
+    // column, so a type the relay cannot read survives them: say so now,
+    // with the fix, rather than at the first claim. What they added stays;
+    // it is what a later `migrate` would add anyway.
+    let findings = crate::store::check_table(&client, &database.table)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot check the table's columns: {e}"))?;
+    crate::store::report_table_check(&findings).map_err(anyhow::Error::from)?;
     Ok(())
 }
 

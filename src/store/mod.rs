@@ -3,6 +3,7 @@
 //! validated, quoted outbox table name.
 
 mod admin;
+mod columns;
 mod connect;
 mod listen;
 mod migrate;
@@ -19,6 +20,9 @@ use uuid::Uuid;
 use crate::event::Event;
 
 pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
+pub use columns::{
+    check_columns, check_table, report as report_table_check, Column, Finding, Severity, UnusableTable,
+};
 pub use connect::{PgTls, SslMode};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
@@ -199,7 +203,7 @@ impl Statements {
 }
 
 /// Default bound on one statement; a hung database must not hang the relay.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server's own bound on the relay's statements, shorter than
 /// [`QUERY_TIMEOUT`]: a claim the relay gave up waiting for must not commit

@@ -13,7 +13,7 @@
 //! ```text
 //! CONSUMER_DATABASE_URL=postgres://postgres@localhost:5432/postgres \
 //! CONSUMER_QUEUE=orders-projection CONSUMER_BINDING_KEY='order.#' \
-//!     cargo run -p outbox-consumer --example consumer
+//!     cargo run --example consumer
 //! ```
 //!
 //! | variable | default | meaning |

@@ -81,6 +81,8 @@ pub struct TestQueue {
     pub client: Client,
     pub name: String,
     pub url: String,
+    /// The emulator the queue is on, to delete it from [`Drop`].
+    endpoint: String,
     deleted: bool,
 }
 
@@ -89,7 +91,12 @@ impl TestQueue {
     /// `MaximumMessageSize` set when given. Panics with how to start the
     /// emulator if it does not answer: these tests never skip.
     pub async fn create(fifo: bool, max_message_size: Option<u32>) -> Self {
-        let client = client(&endpoint());
+        Self::create_at(&endpoint(), fifo, max_message_size).await
+    }
+
+    /// [`TestQueue::create`] on the emulator at `endpoint`.
+    pub async fn create_at(endpoint: &str, fifo: bool, max_message_size: Option<u32>) -> Self {
+        let client = client(endpoint);
         let suffix = if fifo { ".fifo" } else { "" };
         let name = format!("outbox-test-{}{suffix}", Uuid::new_v4().simple());
         let mut request = client.create_queue().queue_name(&name);
@@ -104,7 +111,7 @@ impl TestQueue {
                 "cannot reach the SQS emulator at {}: {}\n\
                  run the tests with scripts/test (it starts moto), or start one with \
                  `moto_server -p 4566` (or set OUTBOX_TEST_SQS_ENDPOINT)",
-                endpoint(),
+                endpoint,
                 aws_sdk_sqs::error::DisplayErrorContext(&e)
             )
         });
@@ -116,6 +123,7 @@ impl TestQueue {
             client,
             name,
             url,
+            endpoint: endpoint.to_owned(),
             deleted: false,
         }
     }
@@ -135,7 +143,7 @@ impl TestQueue {
 
     /// The relay settings that publish to this queue on the emulator.
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        self.env_via(&endpoint())
+        self.env_via(&self.endpoint)
     }
 
     /// One `ReceiveMessage` call (long-polling up to a second), with every
@@ -229,14 +237,14 @@ impl Drop for TestQueue {
         if self.deleted {
             return;
         }
-        let url = self.url.clone();
+        let (url, endpoint) = (self.url.clone(), self.endpoint.clone());
         // Drop runs inside the test's runtime, whose client cannot be used
         // from another; a plain thread with its own runtime and client can.
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
             if let Ok(runtime) = runtime {
                 runtime.block_on(async {
-                    let _ = client(&endpoint()).delete_queue().queue_url(&url).send().await;
+                    let _ = client(&endpoint).delete_queue().queue_url(&url).send().await;
                 });
             }
         })

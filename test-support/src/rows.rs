@@ -3,7 +3,7 @@
 
 use uuid::Uuid;
 
-use super::TestDb;
+use crate::db::TestDb;
 
 /// Rows in one state, with times relative to the database's `now()`.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +73,7 @@ impl Rows {
         }
     }
 
-    pub async fn insert(self, db: &TestDb) -> Vec<Uuid> {
+    pub async fn insert<R>(self, db: &TestDb<R>) -> Vec<Uuid> {
         let ids: Vec<Uuid> = (0..self.count).map(|_| Uuid::new_v4()).collect();
         db.client
             .execute(

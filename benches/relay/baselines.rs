@@ -1,0 +1,186 @@
+//! What the relay is measured against: the broker's own limit (a bare
+//! publisher), the simplest correct relay, and the row-lock design the
+//! relay's committed lease replaced.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::Confirmation;
+use outbox_relay::event::Event;
+use outbox_relay::sink::amqp::AmqpSink;
+use uuid::Uuid;
+
+use crate::fixture::{arrivals, broker, database, prefill, prefill_for_drain, sample_event};
+use crate::meter::{Meter, Run};
+use crate::{Error, Options};
+
+/// A bare publisher: the relay's messages (same properties, same size),
+/// the same confirm window the relay keeps in flight (batch size ×
+/// workers, over as many channels), no database at all. Each channel keeps
+/// its window full: a new message goes out as soon as one is confirmed.
+pub async fn bare_publisher(options: &Options) -> Result<Run, Error> {
+    let broker = broker(options).await;
+    let _arrivals = arrivals(&broker).await?;
+    let events: Arc<Vec<Event>> = Arc::new((0..options.rows).map(sample_event).collect());
+    let meter = Meter::start();
+    let mut loops = Vec::new();
+    for lane in 0..options.workers {
+        let channel = broker.connection().create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let (events, exchange, window) = (events.clone(), broker.exchange.clone(), options.batch_size);
+        let workers = options.workers;
+        loops.push(tokio::spawn(async move {
+            let mut in_flight = futures::stream::FuturesUnordered::new();
+            for event in events.iter().skip(lane).step_by(workers) {
+                if in_flight.len() >= window {
+                    let confirmation: Result<Confirmation, lapin::Error> =
+                        in_flight.next().await.expect("a confirm");
+                    assert!(confirmation?.is_ack());
+                }
+                let (channel, exchange) = (&channel, exchange.as_str());
+                in_flight.push(async move { publish(channel, exchange, event).await?.await });
+            }
+            while let Some(confirmation) = in_flight.next().await {
+                assert!(confirmation?.is_ack());
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for handle in loops {
+        handle.await??;
+    }
+    let run = meter.finish(options.rows);
+    broker.cleanup().await;
+    Ok(run)
+}
+
+/// Claims rows of the prefilled table inside `tx`, locking them.
+const LOCKING_CLAIM: &str =
+    "SELECT id, causation_id, event_type::text, aggregate_id::text, payload::text, created_at
+     FROM outbox_event
+     WHERE published_at IS NULL AND quarantined_at IS NULL AND next_attempt_at <= now()
+     ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
+
+fn event_of(row: &tokio_postgres::Row) -> Event {
+    Event {
+        id: row.get(0),
+        causation_id: row.get(1),
+        event_type: row.get(2),
+        aggregate_id: row.get(3),
+        payload: row.get(4),
+        created_at: row.get(5),
+        attempt_count: 1,
+    }
+}
+
+async fn publish(
+    channel: &lapin::Channel,
+    exchange: &str,
+    event: &Event,
+) -> Result<lapin::PublisherConfirm, lapin::Error> {
+    channel
+        .basic_publish(
+            exchange.into(),
+            event.event_type.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            event.payload.as_bytes(),
+            AmqpSink::properties(event),
+        )
+        .await
+}
+
+/// The simplest correct relay: per batch one transaction; each row
+/// published and its confirm awaited before the next; one UPDATE per row.
+pub async fn naive_relay(options: &Options) -> Result<Run, Error> {
+    let db = database(options).await;
+    let broker = broker(options).await;
+    prefill(&db, options.naive_rows).await?;
+    let _arrivals = arrivals(&broker).await?;
+    let channel = broker.connection().create_channel().await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    let mut client = db.connect().await;
+    let meter = Meter::start();
+    loop {
+        let tx = client.transaction().await?;
+        let rows = tx.query(LOCKING_CLAIM, &[&100i64]).await?;
+        if rows.is_empty() {
+            break;
+        }
+        for row in &rows {
+            let event = event_of(row);
+            let confirmation = publish(&channel, &broker.exchange, &event).await?.await?;
+            assert!(confirmation.is_ack());
+            tx.execute(
+                "UPDATE outbox_event SET published_at = now() WHERE id = $1",
+                &[&event.id],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+    }
+    let run = meter.finish(options.naive_rows);
+    broker.cleanup().await;
+    Ok(run)
+}
+
+/// The row-lock alternative to the committed lease, at its best: per batch
+/// one transaction holding the rows' locks across the publish, the batch's
+/// publishes started together and their confirms awaited together, one
+/// UPDATE for the batch; `--workers` loops at once, a channel each, like
+/// the relay. One row version per publish instead of the lease's two, but
+/// a transaction stays open for every broker round trip.
+pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
+    let db = database(options).await;
+    let broker = broker(options).await;
+    prefill_for_drain(&db, options).await?;
+    let arrivals = arrivals(&broker).await?;
+    let meter = Meter::start();
+    let mut loops = Vec::new();
+    for _ in 0..options.workers {
+        let mut client = db.connect().await;
+        let channel = broker.connection().create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        let exchange = broker.exchange.clone();
+        let batch_size = options.batch_size as i64;
+        loops.push(tokio::spawn(async move {
+            loop {
+                let tx = client.transaction().await?;
+                let rows = tx.query(LOCKING_CLAIM, &[&batch_size]).await?;
+                if rows.is_empty() {
+                    return Ok::<(), Error>(());
+                }
+                let events: Vec<Event> = rows.iter().map(event_of).collect();
+                let sent =
+                    futures::future::join_all(events.iter().map(|e| publish(&channel, &exchange, e))).await;
+                let mut confirms = Vec::with_capacity(sent.len());
+                for confirm in sent {
+                    confirms.push(confirm?);
+                }
+                for confirmation in futures::future::join_all(confirms).await {
+                    assert!(confirmation?.is_ack());
+                }
+                let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+                tx.execute(
+                    "UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)",
+                    &[&ids],
+                )
+                .await?;
+                tx.commit().await?;
+            }
+        }));
+    }
+    for handle in loops {
+        handle.await??;
+    }
+    while arrivals.lock().unwrap().len() < options.rows {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = meter.finish(options.rows);
+    broker.cleanup().await;
+    Ok(run)
+}

@@ -1,0 +1,186 @@
+//! The relay benchmark: `cargo bench --bench relay -- [OPTIONS]`.
+//!
+//! Runs against the local PostgreSQL and RabbitMQ, each scenario in a fresh
+//! database with its own exchange and queue, and prints one table:
+//!
+//! - drain: N prefilled rows (~300-byte payloads) published by 1, 2 and 4
+//!   relay processes (the release binary), events/s, peak RSS and CPU;
+//! - the broker's own limit: a bare lapin publisher, same messages, same
+//!   confirm window as the relay keeps in flight;
+//! - the simplest correct relay: a transaction per batch, one publish at a
+//!   time waiting for each confirm, one UPDATE per row;
+//! - steady state: a producer committing at a fixed rate, lag from its
+//!   commit to a consumer receiving the message (p50/p95/p99/max);
+//! - what the NOTIFY trigger costs producers: single-row insert throughput
+//!   with 8 connections, with and without the trigger.
+//!
+//! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
+//! it is measured against), [`steady`], [`notify_cost`] and [`sqs`]; what
+//! they start from is in [`fixture`], what they measure with in [`meter`],
+//! and [`report`] prints the tables.
+
+mod baselines;
+mod drain;
+mod fixture;
+mod meter;
+mod notify_cost;
+mod report;
+mod sqs;
+mod steady;
+
+use clap::Parser;
+
+use fixture::OutboxRelay;
+use outbox_test_support::RelayBinary;
+
+#[derive(Debug, Parser)]
+#[command(about = "outbox-relay benchmark")]
+struct Options {
+    /// Rows prefilled for the drain runs.
+    #[arg(long, default_value = "100000")]
+    rows: usize,
+    /// Relay replicas to drain with (comma-separated).
+    #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+    replicas: Vec<usize>,
+    /// Steady-state producer rates, events/s (comma-separated).
+    #[arg(long, default_value = "1000,10000", value_delimiter = ',')]
+    rates: Vec<usize>,
+    /// Length of each steady-state run.
+    #[arg(long, default_value = "30")]
+    seconds: u64,
+    /// Rows for the simplest-correct-relay run (it is slow).
+    #[arg(long, default_value = "3000")]
+    naive_rows: usize,
+    /// Seconds of each producer-throughput run (NOTIFY trigger cost).
+    #[arg(long, default_value = "10")]
+    insert_seconds: u64,
+    /// Admin connection to PostgreSQL.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pg_url: String,
+    /// RabbitMQ.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp_url: String,
+    /// Relay batch size (OUTBOX_BATCH_SIZE) in every run.
+    #[arg(long, default_value = "100")]
+    batch_size: usize,
+    /// Relay workers (OUTBOX_WORKERS) in every run.
+    #[arg(long, default_value = "4")]
+    workers: usize,
+    /// Runs of each drain scenario (bare publisher, row-lock design, each
+    /// replica count); the table shows the median run. The machine is
+    /// noisy: single runs vary by ±15%.
+    #[arg(long, default_value = "1")]
+    repeat: usize,
+    /// Rows for each SQS run (standard and FIFO queue); an emulator is slow.
+    #[arg(long, default_value = "300")]
+    sqs_rows: usize,
+    /// SQS endpoint (an emulator: `scripts/bench` starts moto on this port).
+    #[arg(long, default_value = "http://127.0.0.1:4566")]
+    sqs_endpoint: String,
+    /// Leave out the SQS runs.
+    #[arg(long)]
+    skip_sqs: bool,
+    /// Only the SQS runs.
+    #[arg(long)]
+    only_sqs: bool,
+    /// Table fillfactor for the drain runs, instead of the one `migrate`
+    /// sets (to try how much room the claim's HOT updates need).
+    #[arg(long)]
+    fillfactor: Option<u32>,
+    /// Only the relay's drain runs (to compare settings quickly).
+    #[arg(long)]
+    only_drain: bool,
+    /// Accepted for `cargo bench` compatibility.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs a scenario `times` times and keeps the median run by `key`.
+async fn median_of<T, F, Fut>(times: usize, mut scenario: F, key: impl Fn(&T) -> f64) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut runs = Vec::with_capacity(times.max(1));
+    for _ in 0..times.max(1) {
+        runs.push(scenario().await?);
+    }
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let middle = runs.len() / 2;
+    Ok(runs.swap_remove(middle))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let options = Options::parse();
+    eprintln!(
+        "outbox-relay benchmark: {} rows; relay {}",
+        options.rows,
+        OutboxRelay::PATH
+    );
+
+    if options.only_sqs {
+        report::sqs_lines(&sqs::run(&options, &options.sqs_endpoint).await?);
+        return Ok(());
+    }
+    let bare = median_of(
+        options.repeat,
+        || baselines::bare_publisher(&options),
+        |r| r.events_per_second,
+    )
+    .await?;
+    eprintln!("bare publisher: {:.0} msg/s", bare.events_per_second);
+    let naive = if options.only_drain {
+        None
+    } else {
+        let naive = baselines::naive_relay(&options).await?;
+        eprintln!("simplest correct relay: {:.0} events/s", naive.events_per_second);
+        Some(naive)
+    };
+    let locked = median_of(
+        options.repeat,
+        || baselines::lock_relay(&options),
+        |r| r.events_per_second,
+    )
+    .await?;
+    eprintln!("row-lock design: {:.0} events/s", locked.events_per_second);
+    let mut drains = Vec::new();
+    for &replicas in &options.replicas {
+        let result = median_of(
+            options.repeat,
+            || drain::drain(&options, replicas),
+            |d| d.run.events_per_second,
+        )
+        .await?;
+        eprintln!(
+            "drain with {replicas}: {:.0} events/s",
+            result.run.events_per_second
+        );
+        drains.push(result);
+    }
+    report::drain_table(&options, &bare, naive.as_ref(), &locked, &drains);
+    if options.only_drain {
+        return Ok(());
+    }
+
+    let sqs_runs = if options.skip_sqs {
+        Vec::new()
+    } else {
+        sqs::run(&options, &options.sqs_endpoint).await?
+    };
+    let mut steadies = Vec::new();
+    for &rate in &options.rates {
+        let result = steady::steady(&options, rate).await?;
+        eprintln!("steady {rate}/s: p99 {}", report::ms(result.p99));
+        steadies.push(result);
+    }
+    let with_trigger = notify_cost::producer_throughput(&options, true).await?;
+    let without_trigger = notify_cost::producer_throughput(&options, false).await?;
+
+    report::sqs_table(&options, &sqs_runs);
+    report::steady_table(&options, &steadies);
+    report::notify_cost_table(with_trigger, without_trigger);
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! The tables the benchmark prints (Markdown, as docs/performance.md
+//! quotes them).
+
+use std::time::Duration;
+
+use crate::drain::Drain;
+use crate::meter::Run;
+use crate::sqs::SqsRun;
+use crate::steady::Steady;
+use crate::Options;
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn sqs_queue_kind(run: &SqsRun) -> &'static str {
+    if run.fifo {
+        "FIFO"
+    } else {
+        "standard"
+    }
+}
+
+/// One line per SQS run, for `--only-sqs`.
+pub fn sqs_lines(runs: &[SqsRun]) {
+    for run in runs {
+        println!(
+            "SQS {}: ceiling {:.0}/s, relay {:.0}/s",
+            sqs_queue_kind(run),
+            run.ceiling,
+            run.relay
+        );
+    }
+}
+
+/// The drain table: the relay's runs against the bare publisher, the
+/// simplest correct relay (unless `--only-drain` left it out) and the
+/// row-lock design.
+pub fn drain_table(options: &Options, bare: &Run, naive: Option<&Run>, locked: &Run, drains: &[Drain]) {
+    println!(
+        "\n| drain ({} rows, ~300 B payloads; batch {} × {} workers) | events/s | vs bare publisher | vs simplest relay | relay peak RSS | relay CPU | PostgreSQL CPU | RabbitMQ CPU | machine busy |",
+        options.rows, options.batch_size, options.workers
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let row = |name: String, run: &Run, relay: Option<(f64, f64)>| {
+        let rate = run.events_per_second;
+        let versus_naive = naive
+            .map(|n| format!("{:.0}x", rate / n.events_per_second))
+            .unwrap_or_default();
+        let (rss, cpu) = relay
+            .map(|(rss, cpu)| (format!("{rss:.1} MiB"), format!("{cpu:.0}%")))
+            .unwrap_or_default();
+        println!(
+            "| {name} | {rate:.0} | {:.1}% | {versus_naive} | {rss} | {cpu} | {:.0}% | {:.0}% | {:.0}% |",
+            rate / bare.events_per_second * 100.0,
+            run.postgres_percent,
+            run.rabbitmq_percent,
+            run.machine_busy_percent
+        );
+    };
+    row(
+        format!(
+            "bare lapin publisher, {}-message confirm window",
+            options.batch_size * options.workers
+        ),
+        bare,
+        None,
+    );
+    if let Some(naive) = naive {
+        row(
+            format!("simplest correct relay ({} rows)", options.naive_rows),
+            naive,
+            None,
+        );
+    }
+    row(
+        format!(
+            "row lock held across the publish, {} loops, batched confirms",
+            options.workers
+        ),
+        locked,
+        None,
+    );
+    for d in drains {
+        row(
+            format!(
+                "outbox-relay, {} replica{}",
+                d.replicas,
+                if d.replicas == 1 { "" } else { "s" }
+            ),
+            &d.run,
+            Some((d.peak_rss_mib, d.relay_percent)),
+        );
+    }
+    println!(
+        "\nEach row: the median of {} run(s). CPU in % of one core, averaged over the run; HOT updates in the relay's runs: {}.",
+        options.repeat.max(1),
+        drains
+            .iter()
+            .map(|d| format!("{:.0}%", d.hot_share * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// The SQS table: each queue kind's ceiling next to the relay; nothing
+/// when the SQS runs were left out.
+pub fn sqs_table(options: &Options, runs: &[SqsRun]) {
+    if runs.is_empty() {
+        return;
+    }
+    println!(
+        "\n| SQS emulator at {} ({} rows a run, each from an empty queue) | emulator ceiling, events/s | outbox-relay, events/s | relay vs ceiling | relay peak RSS |",
+        options.sqs_endpoint, options.sqs_rows
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for run in runs {
+        println!(
+            "| {} queue | {:.0} | {:.0} | {:.0}% | {:.1} MiB |",
+            sqs_queue_kind(run),
+            run.ceiling,
+            run.relay,
+            run.relay / run.ceiling * 100.0,
+            run.relay_peak_rss_mib
+        );
+    }
+}
+
+/// The steady-state table: lag percentiles and load per producer rate.
+pub fn steady_table(options: &Options, steadies: &[Steady]) {
+    println!("\n| steady state | events (late) | committed/s | p50 | p95 | p99 | max | relay RSS | relay CPU | PostgreSQL CPU | RabbitMQ CPU | machine busy |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for s in steadies {
+        println!(
+            "| {}/s for {} s | {} ({}) | {:.0} | {} | {} | {} | {} | {:.1} MiB | {:.0}% | {:.0}% | {:.0}% | {:.0}% |",
+            s.rate,
+            options.seconds,
+            s.sent,
+            s.missing,
+            s.load.events_per_second,
+            ms(s.p50),
+            ms(s.p95),
+            ms(s.p99),
+            ms(s.max),
+            s.peak_rss_mib,
+            s.cpu_percent,
+            s.load.postgres_percent,
+            s.load.rabbitmq_percent,
+            s.load.machine_busy_percent
+        );
+    }
+}
+
+/// The producers' insert rate with and without the NOTIFY trigger.
+pub fn notify_cost_table(with_trigger: f64, without_trigger: f64) {
+    println!("\n| producer inserts, 8 connections, single-row transactions | inserts/s |");
+    println!("|---|---:|");
+    println!("| with the NOTIFY trigger | {with_trigger:.0} |");
+    println!("| without it | {without_trigger:.0} |");
+    println!(
+        "| cost of the trigger | {:.1}% |",
+        (1.0 - with_trigger / without_trigger) * 100.0
+    );
+}

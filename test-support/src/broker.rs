@@ -1,0 +1,189 @@
+//! A RabbitMQ topic exchange and queue of their own per test, and a
+//! consumer that reads every property back.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+
+use crate::unique;
+
+/// Where the tests find RabbitMQ.
+pub fn amqp_url() -> String {
+    std::env::var("OUTBOX_TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A message as a consumer received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub message_id: String,
+    pub kind: Option<String>,
+    pub content_type: Option<String>,
+    pub delivery_mode: Option<u8>,
+    pub timestamp: Option<u64>,
+    pub headers: HashMap<String, String>,
+    pub routing_key: String,
+    pub body: Vec<u8>,
+}
+
+/// A topic exchange and a queue of their own for one test, deleted at the end.
+pub struct TestBroker {
+    pub exchange: String,
+    pub queue: String,
+    connection: Connection,
+    channel: lapin::Channel,
+}
+
+impl TestBroker {
+    /// Declares an exchange and a queue bound with `binding_key` on the
+    /// tests' RabbitMQ.
+    pub async fn create(binding_key: &str) -> Self {
+        Self::create_at(&amqp_url(), binding_key).await
+    }
+
+    /// Declares an exchange and a queue bound with `binding_key` on the
+    /// RabbitMQ at `amqp_url`.
+    pub async fn create_at(amqp_url: &str, binding_key: &str) -> Self {
+        let connection = Connection::connect(amqp_url, ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot reach RabbitMQ at {amqp_url}: {e}\nstart it with: rabbitmq-server -detached \
+                     (or set OUTBOX_TEST_AMQP_URL)"
+                )
+            });
+        let channel = connection.create_channel().await.expect("channel");
+        let exchange = unique("outbox-test-x");
+        let queue = unique("outbox-test-q");
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Topic,
+                // Goes with its queue's binding, so a test that panics
+                // before cleanup() leaves nothing behind for long.
+                ExchangeDeclareOptions {
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare exchange");
+        // Unused for 15 minutes (no consumer, no declare), the broker deletes
+        // the queue: far longer than any test, short enough to reclaim what
+        // a failed test left.
+        let mut queue_arguments = FieldTable::default();
+        queue_arguments.insert("x-expires".into(), lapin::types::AMQPValue::LongLongInt(900_000));
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                queue_arguments,
+            )
+            .await
+            .expect("declare queue");
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                binding_key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind queue");
+        Self {
+            exchange,
+            queue,
+            connection,
+            channel,
+        }
+    }
+
+    /// Receives messages until `count` arrived or `within` passed; returns
+    /// what arrived (acknowledged).
+    pub async fn receive(&self, count: usize, within: Duration) -> Vec<Received> {
+        // A channel per call: closing it hands any message delivered past
+        // `count` (prefetched, never acked) back to the queue.
+        let channel = self.connection.create_channel().await.expect("consumer channel");
+        let mut consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                unique("consumer").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let deadline = tokio::time::Instant::now() + within;
+        let mut received = Vec::new();
+        while received.len() < count {
+            let next = tokio::time::timeout_at(deadline, consumer.next()).await;
+            let Ok(Some(Ok(delivery))) = next else { break };
+            delivery.ack(BasicAckOptions::default()).await.expect("ack");
+            let properties = &delivery.properties;
+            let headers = properties
+                .headers()
+                .as_ref()
+                .map(|table| {
+                    table
+                        .inner()
+                        .iter()
+                        .map(|(key, value)| {
+                            let text = match value {
+                                lapin::types::AMQPValue::LongString(s) => s.to_string(),
+                                other => format!("{other:?}"),
+                            };
+                            (key.to_string(), text)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            received.push(Received {
+                message_id: properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+                kind: properties.kind().as_ref().map(|s| s.to_string()),
+                content_type: properties.content_type().as_ref().map(|s| s.to_string()),
+                delivery_mode: *properties.delivery_mode(),
+                timestamp: *properties.timestamp(),
+                headers,
+                routing_key: delivery.routing_key.to_string(),
+                body: delivery.data.clone(),
+            });
+        }
+        let _ = channel.close(200, "done".into()).await;
+        received
+    }
+
+    /// The connection the exchange and queue were declared on, for channels
+    /// of the caller's own.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    /// The relay settings that publish to this test's exchange.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![("OUTBOX_AMQP_EXCHANGE", self.exchange.clone())]
+    }
+
+    /// Deletes the queue and exchange.
+    pub async fn cleanup(self) {
+        let _ = self
+            .channel
+            .queue_delete(self.queue.as_str().into(), Default::default())
+            .await;
+        let _ = self
+            .channel
+            .exchange_delete(self.exchange.as_str().into(), Default::default())
+            .await;
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}

@@ -1,0 +1,62 @@
+//! Test support shared by the workspace's integration tests and the
+//! benchmark: a database of its own per test, a RabbitMQ exchange and queue
+//! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), the relay
+//! binary as a child process ([`relay_process`]), a cuttable TCP proxy
+//! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
+//! servers a test starts for itself — a PostgreSQL cluster with TLS,
+//! PgBouncer, stunnel, and their certificates ([`servers`]) — and
+//! [`eventually`], which waits on a condition instead of sleeping.
+//!
+//! The brokers' clients come with features, `amqp` (lapin) and `sqs`
+//! (aws-sdk-sqs), both on by default: a crate whose tests need PostgreSQL
+//! only turns them off and pulls in neither.
+//!
+//! Only the package that builds the relay knows where its binary is (cargo
+//! sets `CARGO_BIN_EXE_outbox-relay` for that package's own tests and
+//! benches, not for this crate), so that package names it: a marker type
+//! implementing [`RelayBinary`], and `TestDb<Marker>`, which can then run
+//! the relay against itself.
+
+#[cfg(feature = "amqp")]
+pub mod broker;
+pub mod db;
+pub mod proxy;
+pub mod relay_process;
+pub mod rows;
+pub mod servers;
+#[cfg(feature = "sqs")]
+pub mod sqs;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "amqp")]
+pub use broker::{amqp_url, Received, TestBroker};
+pub use db::{hang_marks, pg_admin_url, release_marks, NoRelay, TestDb};
+pub use relay_process::{quick_settings, run_to_end, with, RelayBinary, RelayProcess};
+
+/// A name no other test uses, for a database, an exchange or a queue.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Polls `condition` every 50 ms until it holds; panics with `what` after
+/// `within`. Waiting on a condition, not a fixed sleep, keeps tests fast on
+/// a quiet machine and correct on a busy one.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

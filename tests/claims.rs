@@ -1,0 +1,268 @@
+//! The claim and the recording statements against the real PostgreSQL,
+//! through the store's API: what one claim may take (rows, bytes, payloads
+//! the sink could never publish, rows with NULLs), and that every outcome
+//! applies only to the claim it belongs to.
+
+mod common;
+
+use std::time::Duration;
+
+use common::rows::Rows;
+use common::TestDb;
+use outbox_relay::config::DatabaseSettings;
+use outbox_relay::store::{ClaimBudget, Ordering, Store};
+use uuid::Uuid;
+
+fn store(db: &TestDb) -> Store {
+    let database = DatabaseSettings {
+        database_url: db.url.clone(),
+        table: "outbox_event".into(),
+        database_pooler: "none".to_owned(),
+    }
+    .validate()
+    .expect("valid settings");
+    Store::new(&database, 2)
+}
+
+const GENEROUS: ClaimBudget = ClaimBudget {
+    rows: 100,
+    bytes: 16 * 1024 * 1024,
+    max_payload: 16 * 1024 * 1024,
+};
+
+/// A lease long enough that nothing comes due again during a test.
+const LEASE: Duration = Duration::from_secs(600);
+
+/// Inserts rows whose payloads are `sizes` bytes of JSON text each, in
+/// this order (`created_at` one millisecond apart).
+async fn insert_sized(db: &TestDb, sizes: &[usize]) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for (n, size) in sizes.iter().enumerate() {
+        let id = Uuid::new_v4();
+        // `{"x": "…"}` is 9 bytes around the string.
+        let filler = "y".repeat(size - 9);
+        db.client
+            .execute(
+                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+                 VALUES ($1, 'sized', 'a', jsonb_build_object('x', $2::text), now() + $3 * interval '1 millisecond')",
+                &[&id, &filler, &(n as f64)],
+            )
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let lengths: Vec<i32> = db
+        .client
+        .query(
+            "SELECT octet_length(payload::text) FROM outbox_event ORDER BY created_at",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        lengths,
+        sizes.iter().map(|s| *s as i32).collect::<Vec<_>>(),
+        "payload sizes as intended"
+    );
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_stops_at_the_byte_budget_but_always_takes_one_row() {
+    let db = TestDb::migrated().await;
+    let ids = insert_sized(&db, &[400, 400, 400, 1000, 100]).await;
+    let store = store(&db);
+    let budget = ClaimBudget {
+        bytes: 1000,
+        ..GENEROUS
+    };
+
+    let first = store.claim(budget, LEASE, Ordering::None).await.unwrap();
+    let taken: Vec<Uuid> = first.events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        taken,
+        ids[..2],
+        "400 + 400 fit in 1000 bytes, a third row would not"
+    );
+
+    let second = store.claim(budget, LEASE, Ordering::None).await.unwrap();
+    let taken: Vec<Uuid> = second.events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        taken,
+        ids[2..3],
+        "the next claim starts where the last one stopped"
+    );
+
+    let third = store.claim(budget, LEASE, Ordering::None).await.unwrap();
+    let taken: Vec<Uuid> = third.events.iter().map(|e| e.id).collect();
+    assert_eq!(taken, ids[3..4], "a row as large as the budget is taken alone");
+
+    let ordered = store.claim(budget, LEASE, Ordering::Aggregate).await;
+    // Under per-aggregate ordering the last row waits for its predecessors,
+    // which are leased, not published: nothing to claim.
+    assert!(ordered.unwrap().events.is_empty());
+    assert_eq!(
+        db.count("attempt_count = 1").await,
+        4,
+        "only claimed rows were counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payload_the_sink_cannot_publish_is_not_loaded_and_comes_back_unpublishable() {
+    let db = TestDb::migrated().await;
+    let ids = insert_sized(&db, &[200, 5000, 200]).await;
+    let store = store(&db);
+    let budget = ClaimBudget {
+        max_payload: 1000,
+        ..GENEROUS
+    };
+    let claimed = store.claim(budget, LEASE, Ordering::None).await.unwrap();
+    let published: Vec<Uuid> = claimed.events.iter().map(|e| e.id).collect();
+    assert_eq!(published, vec![ids[0], ids[2]]);
+    assert_eq!(claimed.unpublishable.len(), 1);
+    let oversized = &claimed.unpublishable[0];
+    assert_eq!(oversized.id, ids[1]);
+    assert_eq!(oversized.attempt_count, 1);
+    assert!(
+        oversized.reason.contains("5000 bytes") && oversized.reason.contains("1000 bytes"),
+        "{}",
+        oversized.reason
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_with_nulls_or_older_column_types_are_read_or_named() {
+    let db = TestDb::create().await;
+    // An existing table in an older shape: aggregate_id nullable, created_at
+    // without time zone, a BIGINT attempt counter added by hand.
+    db.client
+        .batch_execute(
+            "CREATE TABLE outbox_event (
+                 id UUID PRIMARY KEY,
+                 causation_id UUID,
+                 event_type VARCHAR(150) NOT NULL,
+                 aggregate_id TEXT,
+                 payload JSONB NOT NULL,
+                 created_at TIMESTAMP NOT NULL DEFAULT now(),
+                 attempt_count BIGINT NOT NULL DEFAULT 0
+             )",
+        )
+        .await
+        .unwrap();
+    let migrate = common::run_to_end(db.relay_command(&["migrate"], &[]));
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let (good, orphan) = (Uuid::new_v4(), Uuid::new_v4());
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload)
+             VALUES ($1, 'ok', 'agg', '{}'), ($2, 'ok', NULL, '{}')",
+            &[&good, &orphan],
+        )
+        .await
+        .unwrap();
+    let claimed = store(&db).claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
+    assert_eq!(claimed.events.len(), 1);
+    assert_eq!(
+        claimed.events[0].id, good,
+        "TIMESTAMP and BIGINT columns are read as they are"
+    );
+    assert_eq!(claimed.unpublishable.len(), 1);
+    assert_eq!(claimed.unpublishable[0].id, orphan);
+    assert_eq!(claimed.unpublishable[0].reason, "column aggregate_id is NULL");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outcome_applies_only_to_the_claim_it_belongs_to() {
+    let db = TestDb::migrated().await;
+    let ids = Rows::pending(4).insert(&db).await;
+    let store = store(&db);
+    // A lease that runs out at once: the rows are claimed again at once, as
+    // after a relay that stalled past its lease.
+    let first = store
+        .claim(GENEROUS, Duration::ZERO, Ordering::None)
+        .await
+        .unwrap();
+    let second = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
+    assert_eq!(first.events.len(), 4);
+    assert_eq!(second.events.len(), 4);
+    let stale: Vec<i32> = first.events.iter().map(|e| e.attempt_count).collect();
+    let current: Vec<i32> = second.events.iter().map(|e| e.attempt_count).collect();
+    let first_ids: Vec<Uuid> = first.events.iter().map(|e| e.id).collect();
+    let second_ids: Vec<Uuid> = second.events.iter().map(|e| e.id).collect();
+
+    // The stalled claim's late outcomes touch nothing.
+    assert_eq!(
+        store.mark_published(&first_ids[..1], &stale[..1]).await.unwrap(),
+        0
+    );
+    let error = ["late"];
+    assert_eq!(
+        store
+            .quarantine(&first_ids[1..2], &stale[1..2], &error)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .reschedule(&first_ids[2..3], &stale[2..3], &error, &[Duration::from_secs(60)])
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.defer(&first_ids[3..], &stale[3..]).await.unwrap(), 0);
+    assert_eq!(
+        db.count("published_at IS NULL AND quarantined_at IS NULL AND attempt_count = 2")
+            .await,
+        4
+    );
+
+    // The current claim's do.
+    assert_eq!(
+        store
+            .mark_published(&second_ids[..1], &current[..1])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        db.count(&format!("id = '{}' AND published_at IS NOT NULL", ids[0]))
+            .await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deferred_row_gets_its_attempt_back_once() {
+    let db = TestDb::migrated().await;
+    Rows::pending(3).insert(&db).await;
+    let store = store(&db);
+    let claimed = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
+    let ids: Vec<Uuid> = claimed.events.iter().map(|e| e.id).collect();
+    let attempts: Vec<i32> = claimed.events.iter().map(|e| e.attempt_count).collect();
+    assert_eq!(attempts, vec![1, 1, 1]);
+
+    assert_eq!(store.defer(&ids, &attempts).await.unwrap(), 3);
+    // A recording statement retried after an error the server did commit.
+    assert_eq!(
+        store.defer(&ids, &attempts).await.unwrap(),
+        0,
+        "never given back twice"
+    );
+    assert_eq!(
+        db.count("attempt_count = 0 AND next_attempt_at <= now() AND last_error IS NULL")
+            .await,
+        3,
+        "not charged, due again at once"
+    );
+    let again = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
+    assert_eq!(again.events.len(), 3, "claimable again at once");
+}
