@@ -338,7 +338,9 @@ fn tls_from(params: &TlsParams) -> Result<PgTls, String> {
     let roots = match params.sslrootcert.as_deref() {
         None => None,
         Some("system") => Some(tls::system_roots().map_err(|e| format!("sslrootcert: {e}"))?),
-        Some(path) => Some(tls::read_roots(&file(path)?).map_err(|e| format!("sslrootcert: {e}"))?),
+        Some(path) => {
+            Some(tls::read_roots(&file("sslrootcert", path)?).map_err(|e| format!("sslrootcert: {e}"))?)
+        }
     };
     let trust = match (mode, roots) {
         (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
@@ -361,12 +363,14 @@ fn tls_from(params: &TlsParams) -> Result<PgTls, String> {
         (None, Some(_)) => {
             return Err("sslkey: needs sslcert, the client certificate it goes with".to_owned())
         }
-        (Some(cert), Some(key)) => Some(tls::read_identity(&file(cert)?, &file(key)?).map_err(
-            |(which, e)| match which {
-                Which::Cert => format!("sslcert: {e}"),
-                Which::Key => format!("sslkey: {e}"),
-            },
-        )?),
+        (Some(cert), Some(key)) => Some(
+            tls::read_identity(&file("sslcert", cert)?, &file("sslkey", key)?).map_err(|(which, e)| {
+                match which {
+                    Which::Cert => format!("sslcert: {e}"),
+                    Which::Key => format!("sslkey: {e}"),
+                }
+            })?,
+        ),
     };
     let config = tls::client_config(&trust, identity.as_ref()).map_err(|e| format!("TLS set-up: {e}"))?;
     Ok(PgTls {
@@ -376,9 +380,9 @@ fn tls_from(params: &TlsParams) -> Result<PgTls, String> {
     })
 }
 
-fn file(path: &str) -> Result<PathBuf, String> {
+fn file(parameter: &str, path: &str) -> Result<PathBuf, String> {
     if path.is_empty() {
-        return Err("a certificate parameter is empty".to_owned());
+        return Err(format!("{parameter}: is empty; give the path of a PEM file"));
     }
     Ok(Path::new(path).to_path_buf())
 }
@@ -424,6 +428,8 @@ mod tests {
         );
         let error = parsed("postgres://h/db?sslcert=/x/c.pem").unwrap_err();
         assert!(error.contains("sslcert: needs sslkey"), "{error}");
+        let error = parsed("postgres://h/db?sslmode=require&sslrootcert=").unwrap_err();
+        assert!(error.contains("sslrootcert: is empty"), "{error}");
     }
 
     #[test]
