@@ -44,6 +44,7 @@ SPEC_VARS = [
     # Production connectivity.
     "OUTBOX_DATABASE_POOLER", "OUTBOX_LISTEN_DATABASE_URL",
     "OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE",
+    "OUTBOX_AMQP_MAX_MESSAGE_BYTES", "OUTBOX_MAX_BATCH_BYTES",
 ]
 # Variables that hold passwords: in the chart they come only from Secrets
 # (database.*), never from `config`.
