@@ -62,6 +62,8 @@ pub async fn serve_with_sink(
     info!(
         database = %describe_pg(&config.database.pg),
         table = %config.database.table,
+        sslmode = config.database.tls.mode().name(),
+        pooler = ?config.database.pooler,
         sink = sink.kind(),
         http = %config.http_addr,
         "starting"
@@ -115,13 +117,28 @@ pub async fn serve_with_sink(
             Ok(())
         }
     });
-    tasks.spawn("listen", Ends::OnShutdown, {
-        let task = crate::store::listen(config.database.clone(), relay.waker(), shutdown.clone());
-        async move {
-            task.await;
-            Ok(())
+    match config.listen.clone() {
+        Some(endpoint) => {
+            tasks.spawn("listen", Ends::OnShutdown, {
+                let task = crate::store::listen(
+                    endpoint,
+                    config.database.table.clone(),
+                    relay.waker(),
+                    shutdown.clone(),
+                );
+                async move {
+                    task.await;
+                    Ok(())
+                }
+            });
         }
-    });
+        None => info!(
+            report = "polling_without_listen",
+            poll_interval_ms = config.relay.poll_interval.as_millis() as u64,
+            "no LISTEN behind a transaction pooler without OUTBOX_LISTEN_DATABASE_URL: \
+             new rows are found by polling every OUTBOX_POLL_INTERVAL"
+        ),
+    }
     tasks.spawn("relay", Ends::OnShutdown, {
         let shutdown = shutdown.clone();
         async move {

@@ -27,6 +27,8 @@
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.
 //! - [`maintenance`] — the backlog gauges' refresher and retention of published rows.
 //! - [`cli`] — the command line and the admin commands.
+//! - [`tls`] — TLS for PostgreSQL and RabbitMQ alike: certificate files, trust levels, and
+//!   certificate failures in words.
 //! - [`telemetry`] — logging.
 //!
 //! The consumer's half (deduplicating on the message id) is the separate
@@ -46,3 +48,4 @@ pub mod retry;
 pub mod sink;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -122,6 +122,7 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
     let database = DatabaseSettings {
         database_url: common::pg_admin_url(),
         table: "outbox_event".to_owned(),
+        database_pooler: "none".to_owned(),
     }
     .validate()
     .expect("valid settings");

@@ -31,6 +31,7 @@ fn store(db: &TestDb) -> Store {
     let database = DatabaseSettings {
         database_url: db.url.clone(),
         table: "outbox_event".to_owned(),
+        database_pooler: "none".to_owned(),
     }
     .validate()
     .expect("valid test settings");

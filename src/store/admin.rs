@@ -9,8 +9,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
+use super::pooler::{Param, Pooler, Session};
 use super::TableName;
 use super::{Store, StoreError};
 
@@ -78,7 +80,7 @@ struct AdminStatements {
 
 impl AdminStatements {
     // Rendering is a few string replacements; doing it per call keeps the
-    // `Store` struct unchanged, and `prepare_cached` keys on the text anyway.
+    // `Store` struct unchanged, and the statement cache keys on the text anyway.
     fn for_table(table: &TableName) -> Self {
         let quoted = table.quoted();
         let render = |sql: &str| sql.replace("{table}", &quoted);
@@ -116,11 +118,13 @@ async fn within<T>(
 /// Starts a transaction whose statements the server cancels after `timeout`.
 async fn begin(
     client: &mut deadpool_postgres::Object,
+    pooler: Pooler,
     timeout: Duration,
 ) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
     let tx = client.transaction().await?;
-    let statement = tx.prepare_cached(SET_LOCAL_TIMEOUTS).await?;
-    tx.query_one(&statement, &[&millis(timeout).to_string()]).await?;
+    Session::transaction(pooler, &tx)
+        .query_one(SET_LOCAL_TIMEOUTS, &[(&millis(timeout).to_string(), Type::TEXT)])
+        .await?;
     Ok(tx)
 }
 
@@ -135,9 +139,10 @@ impl Store {
         let sql = self.admin_sql().backlog;
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, READ_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let row = tx.query_one(&statement, &[]).await?;
+            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
+            let row = Session::transaction(self.pooler, &tx)
+                .query_one(&sql, &[])
+                .await?;
             tx.commit().await?;
             Ok(Backlog {
                 unpublished: row.get(0),
@@ -154,9 +159,10 @@ impl Store {
         let sql = self.admin_sql().published_since;
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, READ_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let row = tx.query_one(&statement, &[&millis(window)]).await?;
+            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
+            let row = Session::transaction(self.pooler, &tx)
+                .query_one(&sql, &[(&millis(window), Type::INT8)])
+                .await?;
             tx.commit().await?;
             Ok(row.get(0))
         })
@@ -168,9 +174,8 @@ impl Store {
         let sql = self.admin_sql().list_quarantined;
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let rows = tx.query(&statement, &[]).await?;
+            let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
+            let rows = Session::transaction(self.pooler, &tx).query(&sql, &[]).await?;
             tx.commit().await?;
             Ok(rows
                 .iter()
@@ -192,9 +197,10 @@ impl Store {
         let sql = self.admin_sql().release_quarantined;
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let rows = tx.query(&statement, &[&ids]).await?;
+            let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
+            let rows = Session::transaction(self.pooler, &tx)
+                .query(&sql, &[(&ids, Type::UUID_ARRAY)])
+                .await?;
             tx.commit().await?;
             Ok(rows.iter().map(|row| row.get(0)).collect())
         })
@@ -216,7 +222,15 @@ impl Store {
         event_type: Option<&str>,
     ) -> Result<u64, StoreError> {
         let sql = self.admin_sql().replay;
-        self.admin_write(&sql, &[&since, &until, &event_type]).await
+        self.admin_write(
+            &sql,
+            &[
+                (&since, Type::TIMESTAMPTZ),
+                (&until, Type::TIMESTAMPTZ),
+                (&event_type, Type::TEXT),
+            ],
+        )
+        .await
     }
 
     /// One retention batch: deletes up to `limit` rows published more than
@@ -231,31 +245,32 @@ impl Store {
         let table = self.table.quoted();
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, READ_TIMEOUT).await?;
-            let lock = tx.prepare_cached(RETENTION_LOCK).await?;
-            let locked: bool = tx.query_one(&lock, &[&table]).await?.get(0);
+            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
+            let session = Session::transaction(self.pooler, &tx);
+            let locked: bool = session
+                .query_one(RETENTION_LOCK, &[(&table, Type::TEXT)])
+                .await?
+                .get(0);
             if !locked {
                 // Dropping the transaction rolls it back; nothing was done.
                 return Ok(RetentionBatch::Busy);
             }
-            let statement = tx.prepare_cached(&sql).await?;
-            let deleted = tx.execute(&statement, &[&millis(older_than), &limit]).await?;
+            let deleted = session
+                .execute(&sql, &[(&millis(older_than), Type::INT8), (&limit, Type::INT8)])
+                .await?;
             tx.commit().await?;
             Ok(RetentionBatch::Deleted(deleted))
         })
         .await
     }
 
-    async fn admin_write(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn admin_write(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
-            let statement = tx.prepare_cached(sql).await?;
-            let changed = tx.execute(&statement, params).await?;
+            let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
+            let changed = Session::transaction(self.pooler, &tx)
+                .execute(sql, params)
+                .await?;
             tx.commit().await?;
             Ok(changed)
         })

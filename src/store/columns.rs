@@ -351,9 +351,15 @@ pub fn report(findings: &[Finding]) -> Result<(), UnusableTable> {
 }
 
 /// Reads the table's columns from the catalog and checks them.
+///
+/// Sent unnamed with its parameter type, so that it also runs through a
+/// transaction-pooling proxy (see `pooler.rs`); it runs once per start.
 pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<Finding>, StoreError> {
     let columns: Vec<Column> = client
-        .query(include_str!("sql/table_columns.sql"), &[&table.quoted()])
+        .query_typed(
+            include_str!("sql/table_columns.sql"),
+            &[(&table.quoted(), tokio_postgres::types::Type::TEXT)],
+        )
         .await?
         .iter()
         .map(|row| Column {

@@ -2,10 +2,12 @@
 //! benchmark: a database of its own per test, a RabbitMQ exchange and queue
 //! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), the relay
 //! binary as a child process ([`relay_process`]), a cuttable TCP proxy
-//! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]), and
-//! [`eventually`], which waits on a condition instead of sleeping. A test
-//! that disturbs its server (an alarm, a restart) starts one of its own:
-//! [`private_rabbit`] and [`private_postgres`], on what [`system`] gives.
+//! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
+//! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
+//! and a PostgreSQL cluster ([`private_postgres`]) to disturb (alarms,
+//! restarts), on what [`system`] gives; a PostgreSQL cluster with TLS,
+//! PgBouncer, stunnel, and their certificates ([`servers`]) — and
+//! [`eventually`], which waits on a condition instead of sleeping.
 //!
 //! The brokers' clients come with features, `amqp` (lapin) and `sqs`
 //! (aws-sdk-sqs), both on by default: a crate whose tests need PostgreSQL
@@ -26,6 +28,7 @@ pub mod private_rabbit;
 pub mod proxy;
 pub mod relay_process;
 pub mod rows;
+pub mod servers;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 pub mod system;

@@ -26,6 +26,10 @@
 //! row ends with the one attempt that delivered it, and, three attempts
 //! allowed, nothing is quarantined.
 //!
+//! One run routes the relays' database connections through PgBouncer in
+//! transaction mode (`OUTBOX_DATABASE_POOLER=transaction`), with the same
+//! chaos and the same checks.
+//!
 //! The chaos schedule comes from a seeded RNG; the seed is printed, and
 //! `OUTBOX_CRASH_SEED=<seed>` replays the same schedule (the interleaving
 //! with the processes still varies: it is timing).
@@ -48,6 +52,7 @@ use std::time::{Duration, Instant};
 use common::private_postgres::PrivatePostgres;
 use common::private_rabbit::PrivateRabbit;
 use common::proxy::Proxy;
+use common::servers::PgBouncer;
 use common::sqs::TestQueue;
 use common::{eventually, TestBroker, TestDb};
 use rand::rngs::StdRng;
@@ -72,6 +77,9 @@ const SETTLE: Duration = Duration::from_secs(180);
 /// again, and the extra messages slow the broker further (seen: every row
 /// delivered twice, 50 attempts on one row). 2 s (lease 9 s) holds up.
 const RABBITMQ_PUBLISH_TIMEOUT: &str = "2s";
+/// PgBouncer's server connections in the run through it: fewer than the
+/// relays' client connections (three relays, eleven each).
+const PGBOUNCER_SERVER_CONNECTIONS: u32 = 6;
 
 /// One run of the suite.
 struct Scenario {
@@ -276,7 +284,35 @@ fn amqp_via(proxy: &Proxy, url: &str) -> String {
 }
 
 async fn rabbitmq_under_chaos(scenario: Scenario) {
+    rabbitmq_under_chaos_through(scenario, false).await;
+}
+
+/// With `through_pgbouncer`, the relays reach the database through a
+/// PgBouncer of the run's own in transaction mode
+/// (`OUTBOX_DATABASE_POOLER=transaction`), with fewer server connections
+/// than relay connections; the backends the chaos terminates are then
+/// PgBouncer's server connections.
+async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: bool) {
     let mut run = Run::begin(scenario).await;
+    let bouncer = through_pgbouncer.then(|| {
+        let admin_url = match &run.private {
+            Some((postgres, _)) => postgres.admin_url(),
+            None => common::pg_admin_url(),
+        };
+        let server = url::Url::parse(&admin_url).expect("the PostgreSQL admin URL is a URL");
+        PgBouncer::start(
+            server.host_str().expect("a host"),
+            server.port().unwrap_or(5432),
+            PGBOUNCER_SERVER_CONNECTIONS,
+        )
+    });
+    let database_env: Vec<(&'static str, String)> = match &bouncer {
+        Some(bouncer) => vec![
+            ("OUTBOX_DATABASE_URL", bouncer.url_for(&run.db.url)),
+            ("OUTBOX_DATABASE_POOLER", "transaction".to_owned()),
+        ],
+        None => Vec::new(),
+    };
     let broker = match &run.private {
         Some((_, rabbit)) => rabbit.broker("chaos.#").await,
         None => TestBroker::create("chaos.#").await,
@@ -286,6 +322,7 @@ async fn rabbitmq_under_chaos(scenario: Scenario) {
         .relays_under_chaos(amqp_addr(&broker.url), |proxy| {
             let mut env = broker.env();
             env.push(("OUTBOX_AMQP_URL", amqp_via(proxy, &broker.url)));
+            env.extend(database_env.iter().cloned());
             env
         })
         .await;
@@ -339,6 +376,28 @@ async fn rabbitmq_broker_alarms_and_database_restarts_lose_nothing_and_quarantin
         max_attempts: 3,
         outages: true,
     })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_through_pgbouncer_in_transaction_mode_under_chaos_loses_nothing() {
+    rabbitmq_under_chaos_through(
+        Scenario {
+            name: "rabbitmq through pgbouncer",
+            // Half the main run: the same chaos, a smaller budget.
+            events: 10_000,
+            aggregates: 200,
+            produce_for: Duration::from_secs(15),
+            chaos_for: Duration::from_secs(20),
+            publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
+            workers: 4,
+            ordering: false,
+            unroutable_every: 100,
+            max_attempts: MANY_ATTEMPTS,
+            outages: false,
+        },
+        true,
+    )
     .await;
 }
 
