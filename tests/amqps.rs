@@ -6,7 +6,8 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::servers::{free_port, Certs, Stunnel};
+use common::servers::{Certs, Stunnel};
+use common::system::free_port;
 use common::{eventually, quick_settings, RelayProcess, TestBroker, TestDb};
 
 /// `host:port` of the shared RabbitMQ.

@@ -11,6 +11,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::system::free_addr;
 use common::{eventually, quick_settings, RelayProcess, TestBroker, TestDb};
 use futures::future::BoxFuture;
 use outbox_relay::cli::{Cli, Command};
@@ -25,13 +26,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// A local address nobody listens on right now: bound to port 0 and
-/// released, for the relay to take.
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local address")
-}
 
 /// `(status, body)` of `GET http://addr/path`, or `None` when nothing
 /// answered within `timeout`.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use common::proxy::Proxy;
 use common::rows::Rows;
+use common::system::free_addr;
 use common::{eventually, RelayProcess, TestBroker, TestDb};
 use outbox_relay::config::DatabaseSettings;
 use outbox_relay::maintenance::{gauges, retention};
@@ -39,13 +40,6 @@ fn store(db: &TestDb) -> Store {
 }
 
 // ------------------------------------------------------------------- HTTP
-
-/// A local address nobody listens on right now: bound to port 0 and
-/// released, for the relay to take.
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local address")
-}
 
 /// `(status, body)` of `GET http://addr/path`, or `None` while nothing answers.
 async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {

@@ -64,12 +64,7 @@ async fn planner_settings_seen(client: &tokio_postgres::Client) -> Vec<(String, 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_behind() {
     let db = TestDb::create().await;
-    let server = url::Url::parse(&pg_admin_url()).expect("OUTBOX_TEST_PG_URL is a URL");
-    let bouncer = PgBouncer::start(
-        server.host_str().expect("a host"),
-        server.port().unwrap_or(5432),
-        SERVER_CONNECTIONS,
-    );
+    let bouncer = PgBouncer::start(&pg_admin_url(), SERVER_CONNECTIONS);
     let pooled = bouncer.url_for(&db.url);
     let through_pooler = [
         ("OUTBOX_DATABASE_URL", pooled.clone()),
@@ -186,12 +181,7 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
 #[tokio::test(flavor = "multi_thread")]
 async fn behind_a_transaction_pooler_new_rows_wake_the_relay_through_the_direct_listen_url() {
     let db = TestDb::create().await;
-    let server = url::Url::parse(&pg_admin_url()).expect("OUTBOX_TEST_PG_URL is a URL");
-    let bouncer = PgBouncer::start(
-        server.host_str().expect("a host"),
-        server.port().unwrap_or(5432),
-        SERVER_CONNECTIONS,
-    );
+    let bouncer = PgBouncer::start(&pg_admin_url(), SERVER_CONNECTIONS);
     let pooled = bouncer.url_for(&db.url);
     let migrate = db
         .relay_command(

@@ -8,7 +8,9 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::servers::{free_port, Certs, PgCluster};
+use common::private_postgres::PrivatePostgres;
+use common::servers::Certs;
+use common::system::free_port;
 use common::{eventually, quick_settings, relay_bin, RelayProcess, TestBroker, TestDb};
 
 /// `outbox-relay check` against `database_url` (and the shared RabbitMQ).
@@ -28,7 +30,7 @@ fn stderr(output: &Output) -> String {
 }
 
 #[track_caller]
-fn assert_connects(cluster: &PgCluster, url: &str) {
+fn assert_connects(cluster: &PrivatePostgres, url: &str) {
     let output = check(url);
     assert!(
         output.status.success(),
@@ -83,12 +85,14 @@ async fn assert_readyz_names(http: &str, reason: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn server_certificates_are_checked_as_libpq_checks_them() {
     let certs = Certs::generate("postgres");
-    let cluster = PgCluster::start(
-        &certs,
-        "server",
-        "hostssl all scram_user 127.0.0.1/32 scram-sha-256\n\
-         hostssl all all 127.0.0.1/32 trust",
-    );
+    let cluster = PrivatePostgres::builder()
+        .tls(&certs, "server")
+        .hba(
+            "hostssl all scram_user 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all 127.0.0.1/32 trust",
+        )
+        .start()
+        .await;
     cluster
         .admin()
         .await
@@ -98,7 +102,7 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
         .await
         .expect("create the SCRAM user");
     let (ca, other_ca) = (certs.path("ca.pem"), certs.path("other-ca.pem"));
-    let port = cluster.port;
+    let port = cluster.port();
     // The certificate names `localhost` only, so 127.0.0.1 is a host name
     // it does not match.
     let by_name = |params: &str| format!("postgres://postgres@localhost:{port}/postgres?{params}");
@@ -218,8 +222,12 @@ async fn server_certificates_are_checked_as_libpq_checks_them() {
 #[tokio::test(flavor = "multi_thread")]
 async fn client_certificates_are_presented_when_the_server_requires_them() {
     let certs = Certs::generate("postgres");
-    let cluster = PgCluster::start(&certs, "server", "hostssl all all 127.0.0.1/32 cert");
-    let port = cluster.port;
+    let cluster = PrivatePostgres::builder()
+        .tls(&certs, "server")
+        .hba("hostssl all all 127.0.0.1/32 cert")
+        .start()
+        .await;
+    let port = cluster.port();
     let url = |params: &str| {
         format!(
             "postgres://postgres@localhost:{port}/postgres?sslmode=verify-full&sslrootcert={}{params}",
@@ -262,15 +270,15 @@ async fn prefer_upgrades_to_tls_and_the_relay_publishes_over_it() {
     let certs = Certs::generate("postgres");
     // `host` lines accept plain text and TLS alike: whether a connection is
     // encrypted is the client's choice.
-    let cluster = PgCluster::start(&certs, "server", "host all all 127.0.0.1/32 trust");
+    let cluster = PrivatePostgres::builder()
+        .tls(&certs, "server")
+        .hba("host all all 127.0.0.1/32 trust")
+        .start()
+        .await;
     let admin = cluster.admin().await;
     // A database of the test's own on the private cluster; TestDb's own
     // connections are plain text (allowed by `host`), the relay's are not.
-    let db = TestDb::create_at(&format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        cluster.port
-    ))
-    .await;
+    let db: TestDb = cluster.database().await;
     let name = db.name.clone();
     let migrate = db.relay_command(&["migrate"], &[]).output().expect("run migrate");
     assert!(migrate.status.success(), "migrate: {}", stderr(&migrate));

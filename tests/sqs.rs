@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::proxy::Proxy;
 use common::sqs::{SqsReceived, TestQueue};
+use common::system::free_port;
 use common::{eventually, quick_settings, with, RelayProcess, TestDb};
 use uuid::Uuid;
 
@@ -281,14 +282,6 @@ async fn rows_sqs_cannot_take_are_quarantined_at_once_and_their_batch_mates_publ
     }
     drop(relay);
     queue.cleanup().await;
-}
-
-/// A port nobody listens on right now, for the relay's HTTP endpoints.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port()
 }
 
 /// `GET /readyz`: the status and body, or `None` while nothing listens.

@@ -5,9 +5,10 @@
 //! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
 //! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
 //! and a PostgreSQL cluster ([`private_postgres`]) to disturb (alarms,
-//! restarts), on what [`system`] gives; a PostgreSQL cluster with TLS,
-//! PgBouncer, stunnel, and their certificates ([`servers`]) — and
-//! [`eventually`], which waits on a condition instead of sleeping.
+//! restarts) or set up otherwise (TLS, `pg_hba.conf`), on what [`system`]
+//! gives; PgBouncer, stunnel, and the certificates TLS needs
+//! ([`servers`]) — and [`eventually`], which waits on a condition instead
+//! of sleeping.
 //!
 //! The brokers' clients come with features, `amqp` (lapin) and `sqs`
 //! (aws-sdk-sqs), both on by default: a crate whose tests need PostgreSQL

@@ -1,14 +1,17 @@
 //! A PostgreSQL cluster of the test's own, for tests that disturb their
-//! database server (restart it): the shared server is never touched.
+//! database server (restart it) or need one set up otherwise (TLS, a
+//! `pg_hba.conf` of their own): the shared server is never touched.
 //!
 //! The cluster is the installed PostgreSQL's `initdb` and `pg_ctl`, run as
 //! the `postgres` user in a temporary directory that goes away with it:
 //! data, log and Unix socket there, TCP on a free loopback port only, trust
 //! authentication for local connections, and no flushes to disk.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use crate::servers::Certs;
 use crate::system::{free_port, tail, OwnedDir, SystemUser};
 use crate::{RelayBinary, TestDb};
 
@@ -20,29 +23,58 @@ pub struct PrivatePostgres {
     bindir: PathBuf,
     user: SystemUser,
     port: u16,
-    /// `postgres -c` settings this cluster runs with, beyond the defaults.
-    settings: Vec<(String, String)>,
+    setup: Builder,
     dir: OwnedDir,
 }
 
-impl PrivatePostgres {
-    /// Starts a cluster with the default settings.
-    pub async fn start() -> Self {
-        Self::start_with(&[]).await
+/// How a private cluster differs from the defaults; [`Builder::start`]
+/// starts it.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    /// `postgres -c` settings, which nothing at run time overrides.
+    settings: Vec<(String, String)>,
+    /// Lines appended to `postgresql.conf`, which `ALTER SYSTEM` can
+    /// override at run time.
+    conf: Vec<String>,
+    /// The TCP lines of `pg_hba.conf`, in place of initdb's.
+    hba: Option<String>,
+}
+
+impl Builder {
+    /// A server setting (`postgres -c name=value`).
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.to_owned(), value.to_owned()));
+        self
     }
 
-    /// Starts a cluster with extra server settings (`name`, `value`, as
-    /// `postgres -c name=value`); files a setting names (certificates, say)
-    /// can be placed with [`PrivatePostgres::data_dir`] and a restart.
-    pub async fn start_with(settings: &[(&str, &str)]) -> Self {
-        let settings: Vec<(String, String)> = settings
-            .iter()
-            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
-            .collect();
+    /// TLS with `certs`' `<server_cert>.pem` and `.key`, and client
+    /// certificates checked against `certs`' CA. In `postgresql.conf`, not
+    /// on the command line, so that a test can switch the certificate with
+    /// `ALTER SYSTEM` and a reload.
+    pub fn tls(mut self, certs: &Certs, server_cert: &str) -> Self {
+        self.conf.extend([
+            "ssl = on".to_owned(),
+            format!("ssl_cert_file = '{}'", certs.path(&format!("{server_cert}.pem"))),
+            format!("ssl_key_file = '{}'", certs.path(&format!("{server_cert}.key"))),
+            format!("ssl_ca_file = '{}'", certs.path("ca.pem")),
+        ]);
+        self
+    }
+
+    /// `lines` as the TCP part of `pg_hba.conf`. The Unix socket stays
+    /// trusted, so that [`PrivatePostgres::admin`] gets in whatever the
+    /// lines demand.
+    pub fn hba(mut self, lines: &str) -> Self {
+        self.hba = Some(lines.to_owned());
+        self
+    }
+
+    /// Starts the cluster; returns once it accepts connections.
+    pub async fn start(self) -> PrivatePostgres {
         tokio::task::spawn_blocking(move || {
             let mut failures = Vec::new();
             for _ in 0..START_TRIES {
-                match Self::try_start(settings.clone()) {
+                match PrivatePostgres::try_start(self.clone()) {
                     Ok(cluster) => return cluster,
                     Err(failure) => failures.push(failure),
                 }
@@ -55,8 +87,20 @@ impl PrivatePostgres {
         .await
         .expect("start a private PostgreSQL cluster")
     }
+}
 
-    fn try_start(settings: Vec<(String, String)>) -> Result<Self, String> {
+impl PrivatePostgres {
+    /// Starts a cluster with the default settings.
+    pub async fn start() -> Self {
+        Self::builder().start().await
+    }
+
+    /// A cluster set up otherwise, started by [`Builder::start`].
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    fn try_start(setup: Builder) -> Result<Self, String> {
         let bindir = postgres_bindir();
         let user = SystemUser::find("postgres")
             .expect("PostgreSQL's system user 'postgres' does not exist: install PostgreSQL");
@@ -65,7 +109,7 @@ impl PrivatePostgres {
             bindir,
             user,
             port: free_port(),
-            settings,
+            setup,
             dir,
         };
         let initdb = cluster
@@ -88,8 +132,29 @@ impl PrivatePostgres {
                 String::from_utf8_lossy(&initdb.stderr)
             ));
         }
+        cluster.configure();
         cluster.pg_ctl_blocking(&["start"])?;
         Ok(cluster)
+    }
+
+    /// Writes the setup's `postgresql.conf` lines and `pg_hba.conf`.
+    fn configure(&self) {
+        if !self.setup.conf.is_empty() {
+            let path = self.data_dir().join("postgresql.conf");
+            let mut conf = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+            writeln!(conf, "{}", self.setup.conf.join("\n"))
+                .unwrap_or_else(|e| panic!("append to {}: {e}", path.display()));
+        }
+        if let Some(hba) = &self.setup.hba {
+            self.user.write(
+                &self.data_dir().join("pg_hba.conf"),
+                &format!("local all all trust\n{hba}\n"),
+                true,
+            );
+        }
     }
 
     fn command(&self, program: &str) -> Command {
@@ -112,7 +177,7 @@ impl PrivatePostgres {
             self.port,
             self.dir.path.display()
         );
-        for (name, value) in &self.settings {
+        for (name, value) in &self.setup.settings {
             options.push_str(&format!(" -c {name}='{value}'"));
         }
         let mut command = self.command("pg_ctl");
@@ -184,6 +249,26 @@ impl PrivatePostgres {
     /// The server's log.
     pub fn log_file(&self) -> PathBuf {
         self.dir.path.join("server.log")
+    }
+
+    /// What the server has logged so far, for a failure message.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_file()).unwrap_or_default()
+    }
+
+    /// A connection of the test's own as the superuser, over the Unix
+    /// socket: it gets in whatever `pg_hba.conf` demands over TCP.
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::Config::new()
+            .host_path(&self.dir.path)
+            .port(self.port)
+            .user("postgres")
+            .dbname("postgres")
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("connect to the private cluster over its socket");
+        tokio::spawn(connection);
+        client
     }
 
     /// The system user the server runs as, to give it files it must read.

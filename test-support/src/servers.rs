@@ -1,28 +1,19 @@
 //! Servers a test starts for itself, on free ports, in temporary
-//! directories it removes: a private PostgreSQL cluster with TLS, PgBouncer
-//! in transaction mode and stunnel (TLS in front of RabbitMQ), plus the
-//! certificates they need (a CA, server and client certificates, made with
-//! the openssl command line). Each is stopped when its guard is dropped,
-//! also when the test panics.
-//!
-//! PostgreSQL and PgBouncer refuse to run as root, and the tests run as
-//! root: they are started as the `postgres` user with `runuser`.
+//! directories it removes: PgBouncer in transaction mode and stunnel (TLS
+//! in front of RabbitMQ), plus the certificates they and a private
+//! PostgreSQL cluster with TLS ([`crate::private_postgres`]) need (a CA,
+//! server and client certificates, made with the openssl command line).
+//! Each is stopped when its guard is dropped, also when the test panics.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use uuid::Uuid;
+use crate::system::{free_port, on_path, temp_dir, OwnedDir, SystemUser};
 
 /// How long a server may take to start answering.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A local TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
-}
 
 /// Polls until something accepts connections on `port`.
 fn wait_for_port(port: u16, what: &str, log: &Path) {
@@ -52,83 +43,27 @@ fn run(command: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// `program args…` run as the `postgres` user, for commands run to
-/// completion.
-fn as_postgres(program: &Path) -> Command {
-    let mut command = Command::new("runuser");
-    command.args(["-u", "postgres", "--"]).arg(program);
-    command
-}
-
-/// `program` started directly as the `postgres` user, for servers: the
-/// child is the server itself, so killing the child stops it (through
-/// `runuser`, the server would outlive a killed `runuser`).
-fn spawn_as_postgres(program: &Path) -> Command {
-    use std::os::unix::process::CommandExt as _;
-    let id = |flag: &str| -> u32 {
-        run(
-            Command::new("id").args([flag, "postgres"]),
-            "id postgres (is PostgreSQL installed?)",
-        )
-        .trim()
-        .parse()
-        .expect("a numeric id")
-    };
-    let mut command = Command::new(program);
-    command.uid(id("-u")).gid(id("-g"));
-    command
-}
-
-/// A program on the PATH, or a panic saying how to get it.
+/// A program on the PATH, or a panic saying how to get it. Debian puts
+/// pgbouncer in /usr/sbin, which a PATH may lack, so that is looked in
+/// too.
 fn program(names: &[&str], install: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for name in names {
-        for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/sbin")]) {
-            let candidate = dir.join(name);
-            if candidate.is_file() {
-                return candidate;
-            }
-        }
-    }
-    panic!("{} not found: {install}", names.join(" or "))
+    names
+        .iter()
+        .find_map(|name| {
+            on_path(name).or_else(|| Some(Path::new("/usr/sbin").join(name)).filter(|path| path.is_file()))
+        })
+        .unwrap_or_else(|| panic!("{} not found: {install}", names.join(" or ")))
 }
 
-/// A temporary directory owned by the `postgres` user, removed on drop.
-pub struct TempDir {
-    pub path: PathBuf,
-}
-
-impl TempDir {
-    pub fn new(prefix: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("{prefix}-{}", Uuid::new_v4().simple()));
-        std::fs::create_dir(&path).expect("create a temporary directory");
-        run(
-            Command::new("chown").args(["postgres:postgres"]).arg(&path),
-            "chown of a temporary directory to postgres (the tests must run as root)",
-        );
-        Self { path }
-    }
-
-    /// Gives every file in the directory to the `postgres` user.
-    fn chown_all(&self) {
-        run(
-            Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&self.path),
-            "chown -R",
-        );
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+/// The `postgres` system user, which PostgreSQL and PgBouncer run as (they
+/// refuse root) and which must be able to read the certificates.
+fn postgres_user() -> SystemUser {
+    SystemUser::find("postgres").expect("the system user 'postgres' does not exist: install PostgreSQL")
 }
 
 /// A CA and the certificates a test needs, as PEM files.
 pub struct Certs {
-    pub dir: TempDir,
+    pub dir: OwnedDir,
 }
 
 impl Certs {
@@ -136,8 +71,9 @@ impl Certs {
     /// has expired, and one from another CA; a client certificate for the
     /// user `client_user`.
     pub fn generate(client_user: &str) -> Self {
+        let user = postgres_user();
         let certs = Self {
-            dir: TempDir::new("outbox-test-certs"),
+            dir: user.temp_dir("outbox-test-certs"),
         };
         let openssl = program(&["openssl"], "install openssl");
         let dir = &certs.dir.path;
@@ -226,12 +162,14 @@ impl Certs {
             client,
             "2",
         );
-        certs.dir.chown_all();
-        // PostgreSQL refuses a key file others can read.
         for entry in std::fs::read_dir(dir).expect("list certificates") {
             let path = entry.expect("entry").path();
+            user.own(&path);
+            // PostgreSQL refuses a key file others can read.
             if path.extension().is_some_and(|ext| ext == "key") {
-                run(Command::new("chmod").arg("0600").arg(&path), "chmod 0600");
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                    .unwrap_or_else(|e| panic!("restrict {}: {e}", path.display()));
             }
         }
         certs
@@ -240,106 +178,6 @@ impl Certs {
     /// The path of `name` (`ca.pem`, `server.key`, …).
     pub fn path(&self, name: &str) -> String {
         self.dir.path.join(name).display().to_string()
-    }
-}
-
-/// A PostgreSQL cluster of the test's own: TLS on, `pg_hba.conf` as given,
-/// the superuser `postgres` over the Unix socket for the test itself.
-pub struct PgCluster {
-    pub port: u16,
-    dir: TempDir,
-    bin: PathBuf,
-}
-
-impl PgCluster {
-    /// `initdb`, TLS with `certs`' server certificate (and its CA for
-    /// client certificates), `hba` as the TCP lines of pg_hba.conf, then
-    /// `pg_ctl start`.
-    pub fn start(certs: &Certs, server_cert: &str, hba: &str) -> Self {
-        let pg_config = program(&["pg_config"], "install PostgreSQL 15 (postgresql-15)");
-        let bin = PathBuf::from(run(Command::new(pg_config).arg("--bindir"), "pg_config --bindir").trim());
-        let dir = TempDir::new("outbox-test-pg");
-        let data = dir.path.join("data");
-        run(
-            as_postgres(&bin.join("initdb"))
-                .args([
-                    "--auth=trust",
-                    "--username=postgres",
-                    "--no-sync",
-                    "--encoding=UTF8",
-                    "-D",
-                ])
-                .arg(&data),
-            "initdb",
-        );
-        let port = free_port();
-        let conf = format!(
-            "port = {port}\n\
-             listen_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{socket}'\n\
-             fsync = off\n\
-             ssl = on\n\
-             ssl_cert_file = '{cert}'\n\
-             ssl_key_file = '{key}'\n\
-             ssl_ca_file = '{ca}'\n",
-            socket = dir.path.display(),
-            cert = certs.path(&format!("{server_cert}.pem")),
-            key = certs.path(&format!("{server_cert}.key")),
-            ca = certs.path("ca.pem"),
-        );
-        append(&data.join("postgresql.conf"), &conf);
-        std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}\n"))
-            .expect("write pg_hba.conf");
-        dir.chown_all();
-        let log = dir.path.join("postgres.log");
-        run(
-            as_postgres(&bin.join("pg_ctl"))
-                .args(["start", "-w", "-t", "60", "-D"])
-                .arg(&data)
-                .arg("-l")
-                .arg(&log),
-            "pg_ctl start",
-        );
-        Self { port, dir, bin }
-    }
-
-    /// A connection of the test's own, as superuser over the Unix socket.
-    pub async fn admin(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::Config::new()
-            .host_path(&self.dir.path)
-            .port(self.port)
-            .user("postgres")
-            .dbname("postgres")
-            .connect(tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test cluster over its socket");
-        tokio::spawn(connection);
-        client
-    }
-
-    /// The server's log, for assertion messages.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path.join("postgres.log")).unwrap_or_default()
-    }
-}
-
-fn append(path: &Path, text: &str) {
-    use std::io::Write as _;
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .expect("open for appending");
-    file.write_all(text.as_bytes()).expect("append");
-}
-
-impl Drop for PgCluster {
-    fn drop(&mut self) {
-        let _ = as_postgres(&self.bin.join("pg_ctl"))
-            .args(["stop", "-m", "immediate", "-D"])
-            .arg(self.dir.path.join("data"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
     }
 }
 
@@ -358,25 +196,30 @@ impl Drop for Guard {
 pub struct PgBouncer {
     pub port: u16,
     _process: Guard,
-    dir: TempDir,
+    dir: OwnedDir,
 }
 
 impl PgBouncer {
     /// Starts PgBouncer with `pool_size` server connections per database
-    /// and user, in front of `server_host:server_port`.
-    pub fn start(server_host: &str, server_port: u16, pool_size: u32) -> Self {
+    /// and user, in front of the server `server_url` (a database URL)
+    /// names.
+    pub fn start(server_url: &str, pool_size: u32) -> Self {
+        let server = url::Url::parse(server_url).expect("a database URL");
+        let server_host = server.host_str().expect("a host in the database URL");
+        let server_port = server.port().unwrap_or(5432);
         let pgbouncer = program(
             &["pgbouncer"],
             "scripts/test installs it (Debian: apt-get install pgbouncer)",
         );
-        let dir = TempDir::new("outbox-test-pgbouncer");
+        let user = postgres_user();
+        let dir = user.temp_dir("outbox-test-pgbouncer");
         let port = free_port();
         let ini = dir.path.join("pgbouncer.ini");
         let users = dir.path.join("userlist.txt");
-        std::fs::write(&users, "\"postgres\" \"\"\n").expect("write the auth file");
-        std::fs::write(
+        user.write(&users, "\"postgres\" \"\"\n", true);
+        user.write(
             &ini,
-            format!(
+            &format!(
                 "[databases]\n\
                  * = host={server_host} port={server_port}\n\
                  [pgbouncer]\n\
@@ -395,10 +238,12 @@ impl PgBouncer {
                 log = dir.path.join("pgbouncer.log").display(),
                 pid = dir.path.join("pgbouncer.pid").display(),
             ),
-        )
-        .expect("write pgbouncer.ini");
-        dir.chown_all();
-        let child = spawn_as_postgres(&pgbouncer)
+            true,
+        );
+        // The user's command execs PgBouncer in place, so the guard's kill
+        // reaches PgBouncer itself, not a wrapper it would outlive.
+        let child = user
+            .command(&pgbouncer, &dir.path)
             .arg(&ini)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -432,7 +277,7 @@ impl PgBouncer {
 pub struct Stunnel {
     pub port: u16,
     _process: Guard,
-    _dir: TempDir,
+    _dir: OwnedDir,
 }
 
 impl Stunnel {
@@ -443,7 +288,7 @@ impl Stunnel {
             &["stunnel4", "stunnel"],
             "scripts/test installs it (Debian: apt-get install stunnel4)",
         );
-        let dir = TempDir::new("outbox-test-stunnel");
+        let dir = temp_dir("outbox-test-stunnel");
         let port = free_port();
         let log = dir.path.join("stunnel.log");
         let client_auth = if require_client_cert {

@@ -1,9 +1,10 @@
 //! What the private servers need from the machine: a free port, a
-//! directory a system user owns, and commands run as that user. Servers
-//! refuse to run as root (PostgreSQL) or keep their Erlang cookie in the
-//! user's home (RabbitMQ), so tests running as root switch users.
+//! temporary directory (one a system user owns), and commands run as that
+//! user. Servers refuse to run as root (PostgreSQL, PgBouncer) or keep
+//! their Erlang cookie in the user's home (RabbitMQ), so tests running as
+//! root switch users.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -13,10 +14,22 @@ use uuid::Uuid;
 /// process may take it before the caller binds it; the private servers
 /// retry with another port when their start fails.
 pub fn free_port() -> u16 {
+    free_addr().port()
+}
+
+/// [`free_port`] as the address a relay's `OUTBOX_HTTP_ADDR` takes.
+pub fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("bind an ephemeral port")
-        .port()
+}
+
+/// A fresh directory under the system's temporary directory, removed by
+/// [`OwnedDir`]'s drop.
+pub fn temp_dir(prefix: &str) -> OwnedDir {
+    let path = std::env::temp_dir().join(format!("{prefix}-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir(&path).expect("create a temporary directory");
+    OwnedDir { path }
 }
 
 /// A system account the private servers run as (`postgres`, `rabbitmq`).
@@ -82,12 +95,9 @@ impl SystemUser {
         command
     }
 
-    /// A fresh directory under the system's temporary directory, owned by
-    /// this user and closed to others; removed by [`OwnedDir`]'s drop.
+    /// A fresh [`temp_dir`] owned by this user and closed to others.
     pub fn temp_dir(&self, prefix: &str) -> OwnedDir {
-        let path = std::env::temp_dir().join(format!("{prefix}-{}", Uuid::new_v4().simple()));
-        std::fs::create_dir(&path).expect("create a temporary directory");
-        let dir = OwnedDir { path };
+        let dir = temp_dir(prefix);
         self.own(&dir.path);
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o700))
@@ -124,7 +134,7 @@ impl Drop for OwnedDir {
     }
 }
 
-/// The directory holding `program` on `PATH`, symbolic links resolved.
+/// Where `program` is on `PATH`, symbolic links resolved.
 pub fn on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)

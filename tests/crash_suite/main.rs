@@ -299,12 +299,7 @@ async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: boo
             Some((postgres, _)) => postgres.admin_url(),
             None => common::pg_admin_url(),
         };
-        let server = url::Url::parse(&admin_url).expect("the PostgreSQL admin URL is a URL");
-        PgBouncer::start(
-            server.host_str().expect("a host"),
-            server.port().unwrap_or(5432),
-            PGBOUNCER_SERVER_CONNECTIONS,
-        )
+        PgBouncer::start(&admin_url, PGBOUNCER_SERVER_CONNECTIONS)
     });
     let database_env: Vec<(&'static str, String)> = match &bouncer {
         Some(bouncer) => vec![
