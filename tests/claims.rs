@@ -136,29 +136,7 @@ async fn a_payload_the_sink_cannot_publish_is_not_loaded_and_comes_back_unpublis
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_with_nulls_or_older_column_types_are_read_or_named() {
-    let db = TestDb::create().await;
-    // An existing table in an older shape: aggregate_id nullable, created_at
-    // without time zone, a BIGINT attempt counter added by hand.
-    db.client
-        .batch_execute(
-            "CREATE TABLE outbox_event (
-                 id UUID PRIMARY KEY,
-                 causation_id UUID,
-                 event_type VARCHAR(150) NOT NULL,
-                 aggregate_id TEXT,
-                 payload JSONB NOT NULL,
-                 created_at TIMESTAMP NOT NULL DEFAULT now(),
-                 attempt_count BIGINT NOT NULL DEFAULT 0
-             )",
-        )
-        .await
-        .unwrap();
-    let migrate = common::run_to_end(db.relay_command(&["migrate"], &[]));
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
+    let db = TestDb::migrated_over_older_table().await;
     let (good, orphan) = (Uuid::new_v4(), Uuid::new_v4());
     db.client
         .execute(

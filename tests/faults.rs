@@ -439,32 +439,7 @@ async fn a_database_restart_mid_drain_is_survived_without_restarting_the_relay()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_with_nulls_or_unexpected_types_are_quarantined_and_the_rest_flow() {
-    let db = TestDb::create().await;
-    // A producer's table as found in the wild: aggregate_id may be NULL,
-    // created_at has no time zone, attempt_count (a column the producer
-    // had already) is a BIGINT. migrate adds what the relay needs and
-    // changes none of these.
-    db.client
-        .batch_execute(
-            "CREATE TABLE outbox_event (
-                 id            UUID PRIMARY KEY,
-                 causation_id  UUID,
-                 event_type    VARCHAR(150) NOT NULL,
-                 aggregate_id  TEXT,
-                 payload       JSONB NOT NULL,
-                 created_at    TIMESTAMP WITHOUT TIME ZONE NOT NULL DEFAULT now(),
-                 published_at  TIMESTAMPTZ,
-                 attempt_count BIGINT NOT NULL DEFAULT 0
-             );",
-        )
-        .await
-        .expect("create the table");
-    let out = db.relay_command(&["migrate"], &[]).output().expect("run migrate");
-    assert!(
-        out.status.success(),
-        "migrate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let db = TestDb::migrated_over_older_table().await;
 
     let ids: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
     db.client

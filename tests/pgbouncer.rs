@@ -6,9 +6,8 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::servers::PgBouncer;
@@ -18,28 +17,17 @@ const EVENTS: usize = 20_000;
 /// `default_pool_size`: server connections per database and user.
 const SERVER_CONNECTIONS: u32 = 4;
 
-/// `outbox-relay run` with `env`, its log copied to the test's output and
-/// kept for assertions.
-fn start_relay(db: &TestDb, env: &[(&'static str, String)], log: Arc<Mutex<String>>) -> RelayProcess {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut child = db
-        .relay_command(&["run"], &env)
-        .env("OUTBOX_HTTP_ADDR", "127.0.0.1:0")
-        .env("OUTBOX_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start relay");
-    let stderr = child.stderr.take().expect("piped stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            let mut log = log.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    RelayProcess { child }
+/// `outbox-relay run` with `env`, its log kept for assertions.
+fn start_relay(
+    db: &TestDb,
+    env: &[(&'static str, String)],
+    log: Arc<Mutex<String>>,
+) -> (RelayProcess, JoinHandle<()>) {
+    RelayProcess::start_reading_log(db, env, move |line| {
+        let mut log = log.lock().unwrap();
+        log.push_str(line);
+        log.push('\n');
+    })
 }
 
 /// What a client of the pool reads for the relay's settings,
@@ -96,10 +84,7 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
     env.extend(broker.env());
     env.extend(through_pooler.iter().cloned());
     let log = Arc::new(Mutex::new(String::new()));
-    let relays = [
-        start_relay(&db, &env, log.clone()),
-        start_relay(&db, &env, log.clone()),
-    ];
+    let (relays, readers): (Vec<_>, Vec<_>) = (0..2).map(|_| start_relay(&db, &env, log.clone())).unzip();
 
     // Another client of the same pool, all along.
     let (observer, connection) = tokio_postgres::connect(&pooled, tokio_postgres::NoTls)
@@ -159,6 +144,9 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
     );
 
     drop(relays);
+    for reader in readers {
+        reader.join().expect("log reader");
+    }
     broker.cleanup().await;
     let log = log.lock().unwrap().clone();
     assert!(

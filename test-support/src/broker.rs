@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
+use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
@@ -111,24 +112,7 @@ impl TestBroker {
     /// Receives messages until `count` arrived or `within` passed; returns
     /// what arrived (acknowledged).
     pub async fn receive(&self, count: usize, within: Duration) -> Vec<Received> {
-        // A channel per call: closing it hands any message delivered past
-        // `count` (prefetched, never acked) back to the queue.
-        let channel = self.connection.create_channel().await.expect("consumer channel");
-        let mut consumer = channel
-            .basic_consume(
-                self.queue.as_str().into(),
-                unique("consumer").as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("consume");
-        let deadline = tokio::time::Instant::now() + within;
-        let mut received = Vec::new();
-        while received.len() < count {
-            let next = tokio::time::timeout_at(deadline, consumer.next()).await;
-            let Ok(Some(Ok(delivery))) = next else { break };
-            delivery.ack(BasicAckOptions::default()).await.expect("ack");
+        self.receive_as(count, within, |delivery| {
             let properties = &delivery.properties;
             let headers = properties
                 .headers()
@@ -147,12 +131,8 @@ impl TestBroker {
                         .collect()
                 })
                 .unwrap_or_default();
-            received.push(Received {
-                message_id: properties
-                    .message_id()
-                    .as_ref()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default(),
+            Received {
+                message_id: message_id(delivery),
                 kind: properties.kind().as_ref().map(|s| s.to_string()),
                 content_type: properties.content_type().as_ref().map(|s| s.to_string()),
                 delivery_mode: *properties.delivery_mode(),
@@ -160,10 +140,9 @@ impl TestBroker {
                 headers,
                 routing_key: delivery.routing_key.to_string(),
                 body: delivery.data.clone(),
-            });
-        }
-        let _ = channel.close(200, "done".into()).await;
-        received
+            }
+        })
+        .await
     }
 
     /// The connection the exchange and queue were declared on, for channels
@@ -175,6 +154,14 @@ impl TestBroker {
     /// Receives like [`TestBroker::receive`], keeping only the message ids,
     /// for tests whose messages are large.
     pub async fn receive_ids(&self, count: usize, within: Duration) -> Vec<String> {
+        self.receive_as(count, within, message_id).await
+    }
+
+    /// Receives and acknowledges messages until `count` arrived or `within`
+    /// passed, keeping what `keep` takes from each.
+    async fn receive_as<T>(&self, count: usize, within: Duration, keep: impl Fn(&Delivery) -> T) -> Vec<T> {
+        // A channel per call: closing it hands any message delivered past
+        // `count` (prefetched, never acked) back to the queue.
         let channel = self.connection.create_channel().await.expect("consumer channel");
         let mut consumer = channel
             .basic_consume(
@@ -186,22 +173,15 @@ impl TestBroker {
             .await
             .expect("consume");
         let deadline = tokio::time::Instant::now() + within;
-        let mut ids = Vec::new();
-        while ids.len() < count {
+        let mut received = Vec::new();
+        while received.len() < count {
             let next = tokio::time::timeout_at(deadline, consumer.next()).await;
             let Ok(Some(Ok(delivery))) = next else { break };
             delivery.ack(BasicAckOptions::default()).await.expect("ack");
-            ids.push(
-                delivery
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default(),
-            );
+            received.push(keep(&delivery));
         }
         let _ = channel.close(200, "done".into()).await;
-        ids
+        received
     }
 
     /// The relay settings that publish to this test's exchange on this
@@ -225,4 +205,14 @@ impl TestBroker {
             .await;
         let _ = self.connection.close(200, "done".into()).await;
     }
+}
+
+/// The message id a delivery carries, or "" without one.
+fn message_id(delivery: &Delivery) -> String {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.to_string())
+        .unwrap_or_default()
 }

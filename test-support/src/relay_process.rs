@@ -2,7 +2,9 @@
 //! (`migrate`, the admin commands) or `run` as a child process that is
 //! killed when dropped.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::db::{pg_admin_url, TestDb};
@@ -27,13 +29,46 @@ impl<R: RelayBinary> TestDb<R> {
     /// migrate` on it.
     pub async fn migrated_at(admin_url: &str) -> Self {
         let db = Self::create_at(admin_url).await;
-        let out = db.relay_command(&["migrate"], &[]).output().expect("run migrate");
+        db.migrate();
+        db
+    }
+
+    /// Creates a database on the tests' PostgreSQL with an outbox table as
+    /// producers' tables are found in the wild — `aggregate_id` nullable,
+    /// `created_at` without time zone, an `attempt_count` of their own that
+    /// is a BIGINT — and runs `outbox-relay migrate` over it, which adds
+    /// what the relay needs and changes none of these.
+    pub async fn migrated_over_older_table() -> Self {
+        let db = Self::create().await;
+        db.client
+            .batch_execute(
+                "CREATE TABLE outbox_event (
+                     id            UUID PRIMARY KEY,
+                     causation_id  UUID,
+                     event_type    VARCHAR(150) NOT NULL,
+                     aggregate_id  TEXT,
+                     payload       JSONB NOT NULL,
+                     created_at    TIMESTAMP WITHOUT TIME ZONE NOT NULL DEFAULT now(),
+                     published_at  TIMESTAMPTZ,
+                     attempt_count BIGINT NOT NULL DEFAULT 0
+                 )",
+            )
+            .await
+            .expect("create the older table");
+        db.migrate();
+        db
+    }
+
+    fn migrate(&self) {
+        let out = self
+            .relay_command(&["migrate"], &[])
+            .output()
+            .expect("run migrate");
         assert!(
             out.status.success(),
             "migrate failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        db
     }
 
     /// The relay binary with this database configured, and nothing else
@@ -69,17 +104,49 @@ impl RelayProcess {
     /// Starts `outbox-relay run` with the given settings; output goes to the
     /// test's stderr so failures are readable.
     pub fn start<R: RelayBinary>(db: &TestDb<R>, env: &[(&str, String)]) -> Self {
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let mut command = db.relay_command(&["run"], &env);
-        if !env.iter().any(|(k, _)| *k == "OUTBOX_HTTP_ADDR") {
-            command.env("OUTBOX_HTTP_ADDR", "127.0.0.1:0");
-        }
-        let child = command
+        let child = Self::command(db, env)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start relay");
         Self { child }
+    }
+
+    /// Starts `outbox-relay run` like [`RelayProcess::start`], logging JSON:
+    /// a thread copies each line to the test's stderr and hands it to
+    /// `read`. The thread ends once the process is gone (dropped), so
+    /// joining it after the drop sees every line.
+    pub fn start_reading_log<R: RelayBinary>(
+        db: &TestDb<R>,
+        env: &[(&str, String)],
+        mut read: impl FnMut(&str) + Send + 'static,
+    ) -> (Self, JoinHandle<()>) {
+        let mut child = Self::command(db, env)
+            .env("OUTBOX_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start relay");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                read(&line);
+            }
+        });
+        (Self { child }, reader)
+    }
+
+    /// `outbox-relay run` with `env`, on a free port for its HTTP endpoints
+    /// unless `env` names one: relays running side by side must not
+    /// collide there.
+    fn command<R: RelayBinary>(db: &TestDb<R>, env: &[(&str, String)]) -> Command {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut command = db.relay_command(&["run"], &env);
+        if !env.iter().any(|(k, _)| *k == "OUTBOX_HTTP_ADDR") {
+            command.env("OUTBOX_HTTP_ADDR", "127.0.0.1:0");
+        }
+        command
     }
 
     /// Sends a signal (`libc`-free: through the `kill` command).

@@ -4,8 +4,6 @@
 //! restarted; what the chaos did and what the relays' logs reported, which
 //! together bound the duplicates a run may deliver.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,45 +110,29 @@ struct RelayReports {
     unrecorded_batches: AtomicUsize,
 }
 
-/// Starts `outbox-relay run` like [`RelayProcess::start`], with JSON logs
-/// that a thread copies to the test's output and reads for failed
-/// publishes.
+/// Starts `outbox-relay run`, reading its log for failed publishes.
 fn start_relay(
     db: &TestDb,
     env: &[(&'static str, String)],
     reports: Arc<RelayReports>,
 ) -> (RelayProcess, std::thread::JoinHandle<()>) {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut child = db
-        .relay_command(&["run"], &env)
-        .env("OUTBOX_HTTP_ADDR", "127.0.0.1:0")
-        .env("OUTBOX_LOG_FORMAT", "json")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start relay");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-            let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            // Fields are at the top level (flattened) or under "fields".
-            let fields = entry.get("fields").unwrap_or(&entry);
-            // The relay's `report` field, not its wording, says what a line is.
-            let report = fields["report"].as_str().unwrap_or_default();
-            if report == "publish_deferred" {
-                let rows = fields["rows"].as_u64().unwrap_or(BATCH as u64);
-                reports
-                    .unconfirmed_rows
-                    .fetch_add(usize::try_from(rows).unwrap_or(BATCH), AtomicOrdering::SeqCst);
-            } else if report == "outcomes_unrecorded" {
-                reports.unrecorded_batches.fetch_add(1, AtomicOrdering::SeqCst);
-            }
+    RelayProcess::start_reading_log(db, env, move |line| {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            return;
+        };
+        // Fields are at the top level (flattened) or under "fields".
+        let fields = entry.get("fields").unwrap_or(&entry);
+        // The relay's `report` field, not its wording, says what a line is.
+        let report = fields["report"].as_str().unwrap_or_default();
+        if report == "publish_deferred" {
+            let rows = fields["rows"].as_u64().unwrap_or(BATCH as u64);
+            reports
+                .unconfirmed_rows
+                .fetch_add(usize::try_from(rows).unwrap_or(BATCH), AtomicOrdering::SeqCst);
+        } else if report == "outcomes_unrecorded" {
+            reports.unrecorded_batches.fetch_add(1, AtomicOrdering::SeqCst);
         }
-    });
-    (RelayProcess { child }, reader)
+    })
 }
 
 /// The relays and what stands between them and their servers.

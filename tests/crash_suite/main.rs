@@ -112,6 +112,21 @@ struct Scenario {
 /// in flight.
 const MANY_ATTEMPTS: u32 = 1000;
 
+/// The main RabbitMQ run; the other runs say how they differ from it.
+const MAIN_RUN: Scenario = Scenario {
+    name: "rabbitmq",
+    events: 20_000,
+    aggregates: 200,
+    produce_for: Duration::from_secs(15),
+    chaos_for: Duration::from_secs(20),
+    publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
+    workers: 4,
+    ordering: false,
+    unroutable_every: 100,
+    max_attempts: MANY_ATTEMPTS,
+    outages: false,
+};
+
 fn seed() -> u64 {
     std::env::var("OUTBOX_CRASH_SEED")
         .ok()
@@ -333,20 +348,7 @@ async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: boo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_relays_killed_and_cut_at_random_lose_nothing_and_effects_apply_once() {
-    rabbitmq_under_chaos(Scenario {
-        name: "rabbitmq",
-        events: 20_000,
-        aggregates: 200,
-        produce_for: Duration::from_secs(15),
-        chaos_for: Duration::from_secs(20),
-        publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
-        workers: 4,
-        ordering: false,
-        unroutable_every: 100,
-        max_attempts: MANY_ATTEMPTS,
-        outages: false,
-    })
-    .await;
+    rabbitmq_under_chaos(MAIN_RUN).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -360,9 +362,6 @@ async fn rabbitmq_broker_alarms_and_database_restarts_lose_nothing_and_quarantin
         aggregates: 100,
         produce_for: Duration::from_secs(10),
         chaos_for: Duration::from_secs(15),
-        publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
-        workers: 4,
-        ordering: false,
         // An unroutable row would rightly be quarantined after its attempts.
         unroutable_every: 0,
         // A batch held up by an alarm times out within the publish timeout
@@ -370,6 +369,7 @@ async fn rabbitmq_broker_alarms_and_database_restarts_lose_nothing_and_quarantin
         // alarms, rows would reach this many attempts within one alarm.
         max_attempts: 3,
         outages: true,
+        ..MAIN_RUN
     })
     .await;
 }
@@ -381,15 +381,7 @@ async fn rabbitmq_through_pgbouncer_in_transaction_mode_under_chaos_loses_nothin
             name: "rabbitmq through pgbouncer",
             // Half the main run: the same chaos, a smaller budget.
             events: 10_000,
-            aggregates: 200,
-            produce_for: Duration::from_secs(15),
-            chaos_for: Duration::from_secs(20),
-            publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
-            workers: 4,
-            ordering: false,
-            unroutable_every: 100,
-            max_attempts: MANY_ATTEMPTS,
-            outages: false,
+            ..MAIN_RUN
         },
         true,
     )
@@ -403,16 +395,10 @@ async fn rabbitmq_with_aggregate_ordering_first_deliveries_stay_in_order_under_c
         // Fifty events per aggregate is plenty to see an order broken;
         // half the main run keeps the two within the CI budget together.
         events: 10_000,
-        aggregates: 200,
-        produce_for: Duration::from_secs(15),
-        chaos_for: Duration::from_secs(20),
-        publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
-        workers: 4,
         ordering: true,
         // An unroutable row would stall its aggregate until quarantine.
         unroutable_every: 0,
-        max_attempts: MANY_ATTEMPTS,
-        outages: false,
+        ..MAIN_RUN
     })
     .await;
 }
@@ -429,8 +415,6 @@ async fn sqs_fifo_with_aggregate_ordering_under_chaos_keeps_group_order_and_appl
         // events / aggregates claim rounds.
         events: 500,
         aggregates: 50,
-        produce_for: Duration::from_secs(15),
-        chaos_for: Duration::from_secs(20),
         // 1 s is often not enough for a SendMessageBatch on a loaded
         // machine, and every timed-out request the emulator still executes
         // feeds a spiral of resends. 3 s keeps timeouts rare (lease 11 s).
@@ -441,8 +425,7 @@ async fn sqs_fifo_with_aggregate_ordering_under_chaos_keeps_group_order_and_appl
         ordering: true,
         // SQS has no routing: every message lands in the queue.
         unroutable_every: 0,
-        max_attempts: MANY_ATTEMPTS,
-        outages: false,
+        ..MAIN_RUN
     };
     let mut run = Run::begin(scenario).await;
     let queue = TestQueue::create(true, None).await;
