@@ -31,6 +31,30 @@ pub enum Pooler {
 /// A parameter with its PostgreSQL type, as unnamed statements need them.
 pub type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
+/// Runs `sql` on a session with `$prepared` (a cached named statement, on a
+/// direct connection) or `$unnamed` (an unnamed typed statement, behind a
+/// transaction pooler), on whichever of a client or a transaction it holds.
+/// A macro because the client and transaction types share no trait that
+/// has the typed calls.
+macro_rules! run {
+    ($session:expr, $sql:expr, $params:expr, $prepared:ident, $unnamed:ident) => {
+        match ($session.pooler, &$session.on) {
+            (Pooler::None, On::Client(client)) => {
+                let (types, values) = split($params);
+                let statement = client.prepare_typed_cached($sql, &types).await?;
+                client.$prepared(&statement, &values).await
+            }
+            (Pooler::None, On::Transaction(tx)) => {
+                let (types, values) = split($params);
+                let statement = tx.prepare_typed_cached($sql, &types).await?;
+                tx.$prepared(&statement, &values).await
+            }
+            (Pooler::Transaction, On::Client(client)) => client.$unnamed($sql, $params).await,
+            (Pooler::Transaction, On::Transaction(tx)) => tx.$unnamed($sql, $params).await,
+        }
+    };
+}
+
 /// A connection or transaction to run statements on, in the pooler mode's
 /// way.
 pub(super) struct Session<'c, 't> {
@@ -69,25 +93,7 @@ impl<'c, 't> Session<'c, 't> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match self.pooler {
-            Pooler::None => {
-                let (types, values) = split(params);
-                match self.on {
-                    On::Client(client) => {
-                        let statement = client.prepare_typed_cached(sql, &types).await?;
-                        client.query(&statement, &values).await
-                    }
-                    On::Transaction(tx) => {
-                        let statement = tx.prepare_typed_cached(sql, &types).await?;
-                        tx.query(&statement, &values).await
-                    }
-                }
-            }
-            Pooler::Transaction => match self.on {
-                On::Client(client) => client.query_typed(sql, params).await,
-                On::Transaction(tx) => tx.query_typed(sql, params).await,
-            },
-        }
+        run!(self, sql, params, query, query_typed)
     }
 
     /// The one row `sql` returns (an error if it returns another number).
@@ -96,25 +102,7 @@ impl<'c, 't> Session<'c, 't> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Row, tokio_postgres::Error> {
-        match self.pooler {
-            Pooler::None => {
-                let (types, values) = split(params);
-                match self.on {
-                    On::Client(client) => {
-                        let statement = client.prepare_typed_cached(sql, &types).await?;
-                        client.query_one(&statement, &values).await
-                    }
-                    On::Transaction(tx) => {
-                        let statement = tx.prepare_typed_cached(sql, &types).await?;
-                        tx.query_one(&statement, &values).await
-                    }
-                }
-            }
-            Pooler::Transaction => match self.on {
-                On::Client(client) => client.query_typed_one(sql, params).await,
-                On::Transaction(tx) => tx.query_typed_one(sql, params).await,
-            },
-        }
+        run!(self, sql, params, query_one, query_typed_one)
     }
 
     /// The number of rows `sql` changed.
@@ -123,25 +111,7 @@ impl<'c, 't> Session<'c, 't> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<u64, tokio_postgres::Error> {
-        match self.pooler {
-            Pooler::None => {
-                let (types, values) = split(params);
-                match self.on {
-                    On::Client(client) => {
-                        let statement = client.prepare_typed_cached(sql, &types).await?;
-                        client.execute(&statement, &values).await
-                    }
-                    On::Transaction(tx) => {
-                        let statement = tx.prepare_typed_cached(sql, &types).await?;
-                        tx.execute(&statement, &values).await
-                    }
-                }
-            }
-            Pooler::Transaction => match self.on {
-                On::Client(client) => client.execute_typed(sql, params).await,
-                On::Transaction(tx) => tx.execute_typed(sql, params).await,
-            },
-        }
+        run!(self, sql, params, execute, execute_typed)
     }
 }
 
