@@ -178,13 +178,17 @@ impl Statements {
     fn for_table(table: &TableName) -> Self {
         let quoted = table.quoted();
         let render = |sql: &str| sql.replace("{table}", &quoted);
+        // Both claims select their candidates their own way and budget and
+        // lease them the same way.
+        let claim =
+            |candidates: &str| render(&format!("{candidates},\n{}", include_str!("sql/claim_lease.sql")));
         Self {
-            claim: render(include_str!("sql/claim.sql")),
-            claim_ordered: render(include_str!("sql/claim_ordered.sql"))
+            claim: claim(include_str!("sql/claim.sql")),
+            claim_ordered: claim(include_str!("sql/claim_ordered.sql"))
                 .replace("{predecessor_key}", "(p.created_at, p.id)")
                 .replace("{row_key}", "(t.created_at, t.id)"),
             // A row without a sequence number sorts first in its aggregate.
-            claim_ordered_by_sequence: render(include_str!("sql/claim_ordered.sql"))
+            claim_ordered_by_sequence: claim(include_str!("sql/claim_ordered.sql"))
                 .replace(
                     "{predecessor_key}",
                     "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
