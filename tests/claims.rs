@@ -52,13 +52,20 @@ async fn insert_sized(db: &TestDb, sizes: &[usize]) -> Vec<Uuid> {
     }
     let lengths: Vec<i32> = db
         .client
-        .query("SELECT octet_length(payload::text) FROM outbox_event ORDER BY created_at", &[])
+        .query(
+            "SELECT octet_length(payload::text) FROM outbox_event ORDER BY created_at",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
         .map(|row| row.get(0))
         .collect();
-    assert_eq!(lengths, sizes.iter().map(|s| *s as i32).collect::<Vec<_>>(), "payload sizes as intended");
+    assert_eq!(
+        lengths,
+        sizes.iter().map(|s| *s as i32).collect::<Vec<_>>(),
+        "payload sizes as intended"
+    );
     ids
 }
 
@@ -74,11 +81,19 @@ async fn a_claim_stops_at_the_byte_budget_but_always_takes_one_row() {
 
     let first = store.claim(budget, LEASE, Ordering::None).await.unwrap();
     let taken: Vec<Uuid> = first.events.iter().map(|e| e.id).collect();
-    assert_eq!(taken, ids[..2], "400 + 400 fit in 1000 bytes, a third row would not");
+    assert_eq!(
+        taken,
+        ids[..2],
+        "400 + 400 fit in 1000 bytes, a third row would not"
+    );
 
     let second = store.claim(budget, LEASE, Ordering::None).await.unwrap();
     let taken: Vec<Uuid> = second.events.iter().map(|e| e.id).collect();
-    assert_eq!(taken, ids[2..3], "the next claim starts where the last one stopped");
+    assert_eq!(
+        taken,
+        ids[2..3],
+        "the next claim starts where the last one stopped"
+    );
 
     let third = store.claim(budget, LEASE, Ordering::None).await.unwrap();
     let taken: Vec<Uuid> = third.events.iter().map(|e| e.id).collect();
@@ -88,7 +103,11 @@ async fn a_claim_stops_at_the_byte_budget_but_always_takes_one_row() {
     // Under per-aggregate ordering the last row waits for its predecessors,
     // which are leased, not published: nothing to claim.
     assert!(ordered.unwrap().events.is_empty());
-    assert_eq!(db.count("attempt_count = 1").await, 4, "only claimed rows were counted");
+    assert_eq!(
+        db.count("attempt_count = 1").await,
+        4,
+        "only claimed rows were counted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -134,7 +153,11 @@ async fn rows_with_nulls_or_older_column_types_are_read_or_named() {
         .await
         .unwrap();
     let migrate = common::run_to_end(db.relay_command(&["migrate"], &[]));
-    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
     let (good, orphan) = (Uuid::new_v4(), Uuid::new_v4());
     db.client
         .execute(
@@ -146,7 +169,10 @@ async fn rows_with_nulls_or_older_column_types_are_read_or_named() {
         .unwrap();
     let claimed = store(&db).claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
     assert_eq!(claimed.events.len(), 1);
-    assert_eq!(claimed.events[0].id, good, "TIMESTAMP and BIGINT columns are read as they are");
+    assert_eq!(
+        claimed.events[0].id, good,
+        "TIMESTAMP and BIGINT columns are read as they are"
+    );
     assert_eq!(claimed.unpublishable.len(), 1);
     assert_eq!(claimed.unpublishable[0].id, orphan);
     assert_eq!(claimed.unpublishable[0].reason, "column aggregate_id is NULL");
@@ -159,7 +185,10 @@ async fn an_outcome_applies_only_to_the_claim_it_belongs_to() {
     let store = store(&db);
     // A lease that runs out at once: the rows are claimed again at once, as
     // after a relay that stalled past its lease.
-    let first = store.claim(GENEROUS, Duration::ZERO, Ordering::None).await.unwrap();
+    let first = store
+        .claim(GENEROUS, Duration::ZERO, Ordering::None)
+        .await
+        .unwrap();
     let second = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
     assert_eq!(first.events.len(), 4);
     assert_eq!(second.events.len(), 4);
@@ -169,10 +198,16 @@ async fn an_outcome_applies_only_to_the_claim_it_belongs_to() {
     let second_ids: Vec<Uuid> = second.events.iter().map(|e| e.id).collect();
 
     // The stalled claim's late outcomes touch nothing.
-    assert_eq!(store.mark_published(&first_ids[..1], &stale[..1]).await.unwrap(), 0);
+    assert_eq!(
+        store.mark_published(&first_ids[..1], &stale[..1]).await.unwrap(),
+        0
+    );
     let error = ["late"];
     assert_eq!(
-        store.quarantine(&first_ids[1..2], &stale[1..2], &error).await.unwrap(),
+        store
+            .quarantine(&first_ids[1..2], &stale[1..2], &error)
+            .await
+            .unwrap(),
         0
     );
     assert_eq!(
@@ -183,11 +218,25 @@ async fn an_outcome_applies_only_to_the_claim_it_belongs_to() {
         0
     );
     assert_eq!(store.defer(&first_ids[3..], &stale[3..]).await.unwrap(), 0);
-    assert_eq!(db.count("published_at IS NULL AND quarantined_at IS NULL AND attempt_count = 2").await, 4);
+    assert_eq!(
+        db.count("published_at IS NULL AND quarantined_at IS NULL AND attempt_count = 2")
+            .await,
+        4
+    );
 
     // The current claim's do.
-    assert_eq!(store.mark_published(&second_ids[..1], &current[..1]).await.unwrap(), 1);
-    assert_eq!(db.count(&format!("id = '{}' AND published_at IS NOT NULL", ids[0])).await, 1);
+    assert_eq!(
+        store
+            .mark_published(&second_ids[..1], &current[..1])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        db.count(&format!("id = '{}' AND published_at IS NOT NULL", ids[0]))
+            .await,
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -202,9 +251,14 @@ async fn a_deferred_row_gets_its_attempt_back_once() {
 
     assert_eq!(store.defer(&ids, &attempts).await.unwrap(), 3);
     // A recording statement retried after an error the server did commit.
-    assert_eq!(store.defer(&ids, &attempts).await.unwrap(), 0, "never given back twice");
     assert_eq!(
-        db.count("attempt_count = 0 AND next_attempt_at <= now() AND last_error IS NULL").await,
+        store.defer(&ids, &attempts).await.unwrap(),
+        0,
+        "never given back twice"
+    );
+    assert_eq!(
+        db.count("attempt_count = 0 AND next_attempt_at <= now() AND last_error IS NULL")
+            .await,
         3,
         "not charged, due again at once"
     );

@@ -16,7 +16,10 @@ use uuid::Uuid;
 
 use crate::event::Event;
 
-pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
+pub use admin::{
+    Backlog, BacklogCounts, GaugeReading, QuarantineCursor, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT,
+    COUNT_CAP, READ_TIMEOUT, STUCK_SCAN,
+};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
 pub use table::{describe_pg, DatabaseConfig, TableName};
