@@ -218,6 +218,24 @@ async fn counts_past_the_cap_are_estimates_and_the_age_stays_exact() {
         (over as f64..over as f64 + 600.0).contains(&age),
         "the oldest row is {over} s old: {age}"
     );
+
+    // `status` says which numbers are estimates.
+    let out = db
+        .relay_command(&["status", "--json"], &[])
+        .output()
+        .expect("status");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(status["unpublished_exact"], false, "{status}");
+    assert_eq!(status["stuck_aggregates_exact"], false, "{status}");
+    assert_eq!(status["quarantined_exact"], true, "{status}");
+    let out = db.relay_command(&["status"], &[]).output().expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("estimated: more than {COUNT_CAP}")),
+        "{text}"
+    );
+    assert!(text.contains("at least"), "{text}");
 }
 
 /// The gauges run every few seconds on every replica, so they must never
