@@ -409,6 +409,50 @@ async fn quarantine_list_limit_bounds_the_page() {
     }
 }
 
+/// `quarantine list --json | head`: the reader leaves after the first
+/// bytes of a page longer than the pipe holds; the command ends at once,
+/// successfully, instead of waiting on the rows it no longer writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_list_json_ends_when_the_reader_goes_away() {
+    use std::io::Read as _;
+
+    let db = TestDb::migrated().await;
+    quarantine(&db, 2_000).await;
+    let mut child = db
+        .relay_command(&["quarantine", "list", "--json", "--limit", "2000"], &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run outbox-relay");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut start = [0u8; 100];
+    stdout.read_exact(&mut start).expect("the start of the array");
+    assert_eq!(start[0], b'[', "{}", String::from_utf8_lossy(&start));
+    drop(stdout);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after its reader left"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    assert!(
+        status.success(),
+        "a closed pipe is not a failure: {status:?} {err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn quarantine_release_requeues_the_given_rows_and_reports_the_others() {
     let db = TestDb::migrated().await;

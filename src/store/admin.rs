@@ -375,8 +375,8 @@ impl Store {
     /// Up to `limit` quarantined rows after `after` (from the first when
     /// `None`), oldest quarantine first, handed to `each` as they arrive
     /// from the server, so a long page is never held in memory. `each`
-    /// may stop the listing early (`ControlFlow::Break`, e.g. when the
-    /// reader went away). Returns how many rows `each` took.
+    /// may stop taking rows (`ControlFlow::Break`, e.g. when the reader went
+    /// away). Returns how many rows `each` took.
     pub async fn quarantined_rows(
         &self,
         after: Option<QuarantineCursor>,
@@ -391,10 +391,17 @@ impl Store {
             let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
             let statement = tx.prepare_cached(&sql).await?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&at, &id, &limit];
-            let rows = tx.query_raw(&statement, params).await?;
-            futures::pin_mut!(rows);
+            let mut rows = Box::pin(tx.query_raw(&statement, params).await?);
             let mut taken = 0;
+            let mut stopped = false;
             while let Some(row) = rows.try_next().await? {
+                if stopped {
+                    // The rest of the page is read and discarded. Dropping
+                    // a half-read stream and committing left the commit
+                    // unanswered until the timeout (seen with `| head`),
+                    // and the page is bounded by `limit` anyway.
+                    continue;
+                }
                 taken += 1;
                 let row = QuarantinedRow {
                     id: row.get(0),
@@ -403,11 +410,8 @@ impl Store {
                     last_error: row.get(3),
                     quarantined_at: row.get(4),
                 };
-                if each(row).is_break() {
-                    break;
-                }
+                stopped = each(row).is_break();
             }
-            // A read-only transaction: ending it early changes nothing.
             drop(rows);
             tx.commit().await?;
             Ok(taken)
