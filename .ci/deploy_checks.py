@@ -41,7 +41,16 @@ SPEC_VARS = [
     "OUTBOX_BACKOFF_BASE", "OUTBOX_BACKOFF_MAX", "OUTBOX_ON_PUBLISH",
     "OUTBOX_RETENTION", "OUTBOX_ORDERING", "OUTBOX_HTTP_ADDR",
     "OUTBOX_LOG_FORMAT", "RUST_LOG",
+    # Production connectivity.
+    "OUTBOX_DATABASE_POOLER", "OUTBOX_LISTEN_DATABASE_URL",
+    "OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE",
+    "OUTBOX_AMQP_MAX_MESSAGE_BYTES", "OUTBOX_MAX_BATCH_BYTES",
 ]
+# Variables that hold passwords: in the chart they come only from Secrets
+# (database.*), never from `config`.
+SECRET_VARS = {"OUTBOX_DATABASE_URL", "OUTBOX_LISTEN_DATABASE_URL"}
+# Variables naming files the relay reads at start-up.
+FILE_VARS = ["OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE"]
 # Metrics named by the specification; the alerts may only use these (and up).
 SPEC_METRICS = {
     "outbox_unpublished_events", "outbox_oldest_unpublished_age_seconds",
@@ -118,6 +127,29 @@ RELEASE = "ci"  # the release name deploy-checks renders with
 
 # --- chart: workloads -----------------------------------------------------
 
+def check_tls_files(pod, container, values, where):
+    """The certificate Secret is mounted read-only where tls.mountPath says,
+    and every file variable points into a mounted directory."""
+    tls = values["tls"]
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    mounts = container.get("volumeMounts") or []
+    if tls.get("existingSecret"):
+        volume = volumes.get("tls", {})
+        check(volume.get("secret", {}).get("secretName") == tls["existingSecret"], where,
+              f"volume tls must be Secret {tls['existingSecret']}, got {volume}")
+        check({"name": "tls", "mountPath": tls["mountPath"], "readOnly": True} in mounts, where,
+              f"the tls volume must be mounted read-only at {tls['mountPath']}, got {mounts}")
+    else:
+        check("tls" not in volumes, where, "no tls volume without tls.existingSecret")
+    env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+    dirs = [m["mountPath"].rstrip("/") + "/" for m in mounts]
+    for name in FILE_VARS:
+        path = env.get(name, "")
+        if path:
+            check(any(path.startswith(d) for d in dirs), where,
+                  f"{name}={path} is in no mounted directory ({dirs})")
+
+
 def check_env(container, values, where, database_secret, database_key):
     env = {e["name"]: e for e in container.get("env", [])}
     names = [e["name"] for e in container.get("env", [])]
@@ -127,6 +159,8 @@ def check_env(container, values, where, database_secret, database_key):
     ref = db.get("valueFrom", {}).get("secretKeyRef", {})
     check("value" not in db and ref == {"name": database_secret, "key": database_key},
           where, f"OUTBOX_DATABASE_URL must come from Secret {database_secret}/{database_key}, got {db}")
+    listen = env.get("OUTBOX_LISTEN_DATABASE_URL")
+    check(listen is None or "value" not in listen, where, "OUTBOX_LISTEN_DATABASE_URL must come from a Secret")
 
     amqp = values["amqp"]
     if amqp.get("existingSecret"):
@@ -198,8 +232,15 @@ def check_chart_render(docs, values, label):
             check(live["periodSeconds"] * live["failureThreshold"] > timeout, w,
                   "liveness period x failureThreshold must exceed OUTBOX_PUBLISH_TIMEOUT")
             check_security(pod, relay, w)
-            check_env(relay, values, w, values["database"]["existingSecret"] or f"{name}-database",
-                      values["database"]["secretKey"])
+            database_secret = values["database"]["existingSecret"] or f"{name}-database"
+            check_env(relay, values, w, database_secret, values["database"]["secretKey"])
+            listen = {e["name"]: e for e in relay.get("env", [])}.get("OUTBOX_LISTEN_DATABASE_URL")
+            listen_key = values["database"].get("listenSecretKey")
+            want = ({"valueFrom": {"secretKeyRef": {"name": database_secret, "key": listen_key}}}
+                    if listen_key else None)
+            got = {k: v for k, v in listen.items() if k != "name"} if listen else None
+            check(got == want, w, f"OUTBOX_LISTEN_DATABASE_URL must be {want}, got {got}")
+            check_tls_files(pod, relay, values, w)
         grace = pod.get("terminationGracePeriodSeconds")
         check(grace == values["terminationGracePeriodSeconds"] and grace > timeout, w,
               f"terminationGracePeriodSeconds {grace} must be set from values and exceed OUTBOX_PUBLISH_TIMEOUT ({timeout}s)")
@@ -244,6 +285,7 @@ def check_chart_render(docs, values, label):
             secret = m.get("existingSecret") or values["database"]["existingSecret"] or f"{name}-database"
             key = m["secretKey"] if m.get("existingSecret") else values["database"]["secretKey"]
             check_env(mig, values, w, secret, key)
+            check_tls_files(jpod, mig, values, w)
 
     sm = kinds.get("ServiceMonitor", [])
     check(len(sm) == (1 if values["serviceMonitor"]["enabled"] else 0), where,
@@ -317,11 +359,11 @@ def check_prometheus_rule(rule, file_groups, values, label, out):
 def check_values_and_docs(values, schema):
     where = "charts/outbox-relay/values.yaml"
     config_keys = set(values["config"])
-    want = set(SPEC_VARS) - {"OUTBOX_DATABASE_URL"}
+    want = set(SPEC_VARS) - SECRET_VARS
     check(config_keys == want, where,
-          f"config must hold every specification variable but OUTBOX_DATABASE_URL: missing {sorted(want - config_keys)}, extra {sorted(config_keys - want)}")
+          f"config must hold every specification variable but {sorted(SECRET_VARS)}: missing {sorted(want - config_keys)}, extra {sorted(config_keys - want)}")
     check(set(schema["properties"]["config"]["properties"]) == want, "values.schema.json",
-          "config properties must be the specification variables but OUTBOX_DATABASE_URL")
+          f"config properties must be the specification variables but {sorted(SECRET_VARS)}")
     check(schema.get("additionalProperties") is False, "values.schema.json", "top level must set additionalProperties: false")
     check(set(values) <= set(schema["properties"]), "values.schema.json",
           f"values without a schema: {sorted(set(values) - set(schema['properties']))}")

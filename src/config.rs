@@ -22,7 +22,7 @@ use crate::relay::{OnPublish, RelayConfig};
 use crate::sink::amqp::AmqpConfig;
 use crate::sink::sqs::SqsConfig;
 use crate::sink::SinkConfig;
-use crate::store::{DatabaseConfig, Ordering};
+use crate::store::{DatabaseConfig, Endpoint, Ordering, Pooler};
 use crate::telemetry::LogFormat;
 
 /// The name of every environment variable, written once: clap reads them
@@ -30,6 +30,8 @@ use crate::telemetry::LogFormat;
 pub mod var {
     #![allow(missing_docs)]
     pub const DATABASE_URL: &str = "OUTBOX_DATABASE_URL";
+    pub const DATABASE_POOLER: &str = "OUTBOX_DATABASE_POOLER";
+    pub const LISTEN_DATABASE_URL: &str = "OUTBOX_LISTEN_DATABASE_URL";
     pub const TABLE: &str = "OUTBOX_TABLE";
     pub const SINK: &str = "OUTBOX_SINK";
     pub const AMQP_URL: &str = "OUTBOX_AMQP_URL";
@@ -37,6 +39,9 @@ pub mod var {
     pub const AMQP_ROUTING_KEY: &str = "OUTBOX_AMQP_ROUTING_KEY";
     pub const AMQP_MAX_MESSAGE_BYTES: &str = "OUTBOX_AMQP_MAX_MESSAGE_BYTES";
     pub const MAX_BATCH_BYTES: &str = "OUTBOX_MAX_BATCH_BYTES";
+    pub const AMQP_CA_FILE: &str = "OUTBOX_AMQP_CA_FILE";
+    pub const AMQP_CLIENT_CERT_FILE: &str = "OUTBOX_AMQP_CLIENT_CERT_FILE";
+    pub const AMQP_CLIENT_KEY_FILE: &str = "OUTBOX_AMQP_CLIENT_KEY_FILE";
     pub const SQS_QUEUE_URL: &str = "OUTBOX_SQS_QUEUE_URL";
     pub const SQS_ENDPOINT_URL: &str = "OUTBOX_SQS_ENDPOINT_URL";
     pub const BATCH_SIZE: &str = "OUTBOX_BATCH_SIZE";
@@ -78,7 +83,8 @@ impl ConfigError {
 /// Connection settings every command needs: the database and the table.
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseSettings {
-    /// PostgreSQL connection URL (or key=value string) of the producer database.
+    /// PostgreSQL connection URL (or key=value string) of the producer
+    /// database; `sslmode`, `sslrootcert`, `sslcert` and `sslkey` as for psql.
     #[arg(
         long,
         env = var::DATABASE_URL,
@@ -90,12 +96,46 @@ pub struct DatabaseSettings {
     /// Outbox table, optionally schema-qualified (`schema.table`).
     #[arg(long, env = var::TABLE, default_value = "outbox_event")]
     pub table: String,
+
+    /// `none`, or `transaction` when the database URL goes through a
+    /// transaction-pooling proxy (PgBouncer in transaction mode, RDS Proxy).
+    #[arg(long, env = var::DATABASE_POOLER, default_value = "none")]
+    pub database_pooler: String,
 }
 
 impl DatabaseSettings {
     /// Validates the database settings.
     pub fn validate(&self) -> Result<DatabaseConfig, ConfigError> {
-        DatabaseConfig::parse(&self.database_url, &self.table)
+        let pooler = parse_choice(
+            var::DATABASE_POOLER,
+            &self.database_pooler,
+            &[("none", Pooler::None), ("transaction", Pooler::Transaction)],
+        )?;
+        DatabaseConfig::parse(&self.database_url, &self.table, pooler)
+    }
+}
+
+/// Where the relay LISTENs for new rows.
+#[derive(Debug, Clone, Args)]
+pub struct ListenSettings {
+    /// A direct connection used only for LISTEN. Default: the database URL,
+    /// or none (polling) with `OUTBOX_DATABASE_POOLER=transaction`.
+    #[arg(long, env = var::LISTEN_DATABASE_URL, hide_env_values = true)]
+    pub listen_database_url: Option<String>,
+}
+
+impl ListenSettings {
+    /// The server to LISTEN on, if any: a transaction pooler cannot carry
+    /// LISTEN (the session it runs in is handed to other clients), so
+    /// behind one there is none unless a direct URL is given.
+    pub fn validate(&self, database: &DatabaseConfig) -> Result<Option<Endpoint>, ConfigError> {
+        match self.listen_database_url.as_deref().map(str::trim) {
+            Some(url) if !url.is_empty() => Endpoint::parse(var::LISTEN_DATABASE_URL, url).map(Some),
+            _ => Ok(match database.pooler {
+                Pooler::None => Some(database.endpoint()),
+                Pooler::Transaction => None,
+            }),
+        }
     }
 }
 
@@ -128,6 +168,19 @@ pub struct SinkSettings {
     #[arg(long, env = var::AMQP_MAX_MESSAGE_BYTES, default_value = "16777216")]
     pub amqp_max_message_bytes: String,
 
+    /// PEM CA bundle the broker's certificate must chain to (`amqps://`);
+    /// the system's CAs when unset.
+    #[arg(long, env = var::AMQP_CA_FILE)]
+    pub amqp_ca_file: Option<String>,
+
+    /// PEM client certificate for mutual TLS with the broker.
+    #[arg(long, env = var::AMQP_CLIENT_CERT_FILE)]
+    pub amqp_client_cert_file: Option<String>,
+
+    /// PEM private key of the client certificate.
+    #[arg(long, env = var::AMQP_CLIENT_KEY_FILE)]
+    pub amqp_client_key_file: Option<String>,
+
     /// SQS queue URL; required with `OUTBOX_SINK=sqs`. A `.fifo` URL turns on FIFO fields.
     #[arg(long, env = var::SQS_QUEUE_URL)]
     pub sqs_queue_url: Option<String>,
@@ -147,6 +200,13 @@ impl SinkSettings {
                 &self.amqp_routing_key,
                 &self.amqp_max_message_bytes,
             )
+            .and_then(|config| {
+                config.with_tls_files(
+                    non_empty(&self.amqp_ca_file),
+                    non_empty(&self.amqp_client_cert_file),
+                    non_empty(&self.amqp_client_key_file),
+                )
+            })
             .map(SinkConfig::RabbitMq),
             "sqs" => {
                 SqsConfig::from_settings(self.sqs_queue_url.as_deref(), self.sqs_endpoint_url.as_deref())
@@ -283,6 +343,8 @@ impl ServiceSettings {
 pub struct Config {
     /// Database and table.
     pub database: DatabaseConfig,
+    /// Where to LISTEN for new rows; `None` polls only.
+    pub listen: Option<Endpoint>,
     /// Sink.
     pub sink: SinkConfig,
     /// The relay loop.
@@ -317,6 +379,12 @@ impl MigrateSettings {
         )?;
         Ok((database, notify_trigger))
     }
+}
+
+/// An optional setting; set to an empty string (as a chart or compose file
+/// does for "unset"), it is unset.
+fn non_empty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
 
 /// Parses `OUTBOX_LOG_FORMAT`.
@@ -430,6 +498,9 @@ mod tests {
             amqp_exchange: "amq.topic".into(),
             amqp_routing_key: "{event_type}".into(),
             amqp_max_message_bytes: "16777216".into(),
+            amqp_ca_file: None,
+            amqp_client_cert_file: None,
+            amqp_client_key_file: None,
             sqs_queue_url: None,
             sqs_endpoint_url: None,
         }
@@ -550,6 +621,7 @@ mod tests {
             database: DatabaseSettings {
                 database_url: "postgres://localhost/db".into(),
                 table: "outbox_event".into(),
+                database_pooler: "none".into(),
             },
             notify_trigger: "maybe".into(),
         };
@@ -599,7 +671,46 @@ mod tests {
         let db = DatabaseSettings {
             database_url: "postgres://u:hunter2@h:notaport/db".into(),
             table: "outbox_event".into(),
+            database_pooler: "none".into(),
         };
         assert!(!db.validate().unwrap_err().to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn a_transaction_pooler_listens_only_on_a_direct_url() {
+        let database = |pooler: &str| DatabaseSettings {
+            database_url: "postgres://relay@pgbouncer:6432/shop".into(),
+            table: "outbox_event".into(),
+            database_pooler: pooler.into(),
+        };
+        let none = database("none").validate().unwrap();
+        let listen = ListenSettings {
+            listen_database_url: None,
+        };
+        let endpoint = listen
+            .validate(&none)
+            .unwrap()
+            .expect("listens on the database URL");
+        assert_eq!(endpoint.pg.get_ports(), &[6432]);
+        let pooled = database("transaction").validate().unwrap();
+        assert!(listen.validate(&pooled).unwrap().is_none());
+        let direct = ListenSettings {
+            listen_database_url: Some("postgres://relay@db:5432/shop".into()),
+        };
+        let endpoint = direct
+            .validate(&pooled)
+            .unwrap()
+            .expect("listens on the direct URL");
+        assert_eq!(endpoint.pg.get_ports(), &[5432]);
+        assert_eq!(
+            database("session").validate().unwrap_err().to_string(),
+            "OUTBOX_DATABASE_POOLER: 'session' is not one of none, transaction"
+        );
+        let bad = ListenSettings {
+            listen_database_url: Some("postgres://u:hunter2@db/shop?sslmode=nope".into()),
+        };
+        let error = bad.validate(&pooled).unwrap_err();
+        assert_eq!(error.variable, "OUTBOX_LISTEN_DATABASE_URL");
+        assert!(!error.to_string().contains("hunter2"));
     }
 }

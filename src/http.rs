@@ -1,22 +1,52 @@
-//! `/metrics`, `/healthz` and `/readyz`.
+//! `/metrics`, `/healthz` and `/readyz`, and the server behind them.
+//!
+//! The server is hyper's HTTP/1 connection driver rather than
+//! `axum::serve`, for three bounds `axum::serve` does not offer: a client
+//! must send its request headers within [`HEADER_READ_TIMEOUT`], at most
+//! [`MAX_CONNECTIONS`] are served at once, and on shutdown each connection
+//! gets [`SHUTDOWN_GRACE`] to finish its request, then is dropped. So no
+//! client, however slow or idle, keeps the process up after SIGTERM.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::debug;
 
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
+use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::sink::Sink;
 use crate::store::Store;
 
 /// How long a readiness probe waits for each dependency.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Connections served at once. The clients are a kubelet's probes and a
+/// Prometheus or two; further connections wait in the listen backlog until
+/// a slot frees, which [`HEADER_READ_TIMEOUT`] guarantees soon.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a client has to send a request's headers, counted from when
+/// the server starts reading them (also while a kept-alive connection sits
+/// idle before its next request). Probes and scrapes send theirs at once;
+/// a client that sends half a request is disconnected instead of holding
+/// a slot.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// On shutdown, how long a request in progress has to finish before its
+/// connection is dropped.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -27,29 +57,108 @@ pub struct HttpState {
     pub store: Arc<Store>,
     /// Sink, for readiness.
     pub sink: Arc<dyn Sink>,
+    /// The relay workers' heartbeat, for liveness.
+    pub liveness: Arc<Liveness>,
 }
 
 /// The endpoints' routes.
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(state)
 }
 
-/// Serves the endpoints on `listener` until `shutdown`.
+/// Serves the endpoints on `listener` until `shutdown`, then gives each
+/// open connection [`SHUTDOWN_GRACE`] to finish and returns.
 pub async fn serve(
     listener: TcpListener,
     state: HttpState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let app = router(state);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = TaskTracker::new();
+    let accept_outage = Mutex::new(Outage::new("HTTP listener"));
+    let mut accepting = Availability::new(&accept_outage);
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                // The semaphore is never closed.
+                Err(_) => break,
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => break,
+        };
+        match stream {
+            Ok((stream, _)) => {
+                accepting.succeeded();
+                connections.spawn(serve_connection(stream, app.clone(), slot, shutdown.clone()));
+            }
+            // Out of file descriptors, typically: retrying at once would
+            // spin; the connections being served close by themselves.
+            Err(e) => sleep_or_cancel(accepting.failed(&e), &shutdown).await,
+        }
+    }
+    // Clients still in the backlog are refused rather than left waiting.
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    _slot: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
+) {
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(connection);
+    let finished = tokio::select! {
+        result = connection.as_mut() => Some(result),
+        _ = shutdown.cancelled() => None,
+    };
+    let result = match finished {
+        Some(result) => result,
+        None => {
+            // Finishes the request in progress, if any, then closes; a
+            // client that never completes its request is cut off.
+            connection.as_mut().graceful_shutdown();
+            match tokio::time::timeout(SHUTDOWN_GRACE, connection).await {
+                Ok(result) => result,
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = result {
+        // Clients hanging up and header timeouts are routine.
+        debug!(error = %e, "HTTP connection ended with an error");
+    }
+}
+
+async fn healthz(State(state): State<HttpState>) -> impl IntoResponse {
+    match state.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(stall) => (StatusCode::SERVICE_UNAVAILABLE, format!("{stall}\n")),
+    }
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    let last_progress = state
+        .liveness
+        .last_progress()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    state.metrics.last_progress.set(last_progress.as_secs_f64());
     (
         [(
             header::CONTENT_TYPE,

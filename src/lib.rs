@@ -23,9 +23,12 @@
 //! - [`retry`] — a row's backoff between attempts, a pure function of the attempt.
 //! - [`outage`] — a dependency outage, logged once, waited out with the one in-process retry
 //!   policy.
+//! - [`liveness`] — the relay workers' heartbeat behind `/healthz`.
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.
 //! - [`maintenance`] — the backlog gauges' refresher and retention of published rows.
 //! - [`cli`] — the command line and the admin commands.
+//! - [`tls`] — TLS for PostgreSQL and RabbitMQ alike: certificate files, trust levels, and
+//!   certificate failures in words.
 //! - [`telemetry`] — logging.
 //!
 //! The consumer's half (deduplicating on the message id) is the separate
@@ -36,6 +39,7 @@ pub mod cli;
 pub mod config;
 pub mod event;
 pub mod http;
+pub mod liveness;
 pub mod maintenance;
 pub mod metrics;
 pub mod outage;
@@ -44,3 +48,4 @@ pub mod retry;
 pub mod sink;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -40,6 +40,9 @@ pub struct Metrics {
     pub publish_lag: Histogram,
     /// Rows deleted by retention.
     pub retention_deleted_total: Counter,
+    /// Unix time by which every relay worker had last made progress; set
+    /// from the heartbeat when `/metrics` is scraped.
+    pub last_progress: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -63,6 +66,7 @@ impl Metrics {
             quarantined_total: Counter::default(),
             publish_lag: Histogram::new(LAG_BUCKETS),
             retention_deleted_total: Counter::default(),
+            last_progress: Gauge::default(),
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters and the unit to
@@ -124,6 +128,11 @@ impl Metrics {
             "Published rows deleted by retention",
             metrics.retention_deleted_total.clone(),
         );
+        registry.register(
+            "outbox_relay_last_progress_timestamp_seconds",
+            "Unix time by which every relay worker had last gone round its loop; /healthz answers 503 once it is too old",
+            metrics.last_progress.clone(),
+        );
         Self { registry, ..metrics }
     }
 
@@ -156,6 +165,7 @@ mod tests {
             "outbox_publish_lag_seconds_bucket",
             "outbox_retention_deleted_total ",
             "outbox_gauges_refreshed_timestamp_seconds ",
+            "outbox_relay_last_progress_timestamp_seconds ",
             "# TYPE outbox_publish_lag_seconds histogram",
             "# TYPE outbox_events_published counter",
         ] {

@@ -57,7 +57,8 @@ pub fn retry_delays() -> backon::ExponentialBackoff {
         .build()
 }
 
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+/// The longest wait between two tries of the in-process retry policy.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// One task's view of a dependency's outage: the outage itself may be
 /// shared by several tasks (the relay's workers), so it is logged once per

@@ -243,6 +243,166 @@ async fn the_notify_trigger_follows_the_setting_on_every_migrate() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("OUTBOX_NOTIFY_TRIGGER"));
 }
 
+/// The seed design's table with some columns changed: `(column,
+/// definition)` pairs.
+async fn seed_table_with(db: &TestDb, changes: &[(&str, &str)]) {
+    let mut columns = [
+        ("id", "UUID PRIMARY KEY"),
+        ("causation_id", "UUID NOT NULL"),
+        ("event_type", "VARCHAR(150) NOT NULL"),
+        ("aggregate_id", "UUID NOT NULL"),
+        ("payload", "JSONB NOT NULL"),
+        ("created_at", "TIMESTAMPTZ NOT NULL DEFAULT now()"),
+        ("published_at", "TIMESTAMPTZ"),
+    ];
+    for (name, ddl) in columns.iter_mut() {
+        if let Some((_, definition)) = changes.iter().find(|(column, _)| column == name) {
+            *ddl = definition;
+        }
+    }
+    let body: Vec<String> = columns
+        .iter()
+        .map(|(name, ddl)| format!("{name} {ddl}"))
+        .collect();
+    db.client
+        .batch_execute(&format!("CREATE TABLE outbox_event ({})", body.join(", ")))
+        .await
+        .unwrap();
+}
+
+/// The `table_check` reports in a JSON log: `(severity, column)`, sorted.
+fn table_reports(stderr: &[u8]) -> Vec<(String, String)> {
+    let mut reports: Vec<(String, String)> = String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["report"] == "table_check")
+        .map(|line| {
+            (
+                line["severity"].as_str().unwrap_or_default().to_owned(),
+                line["column"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    reports.sort();
+    reports
+}
+
+fn report(severity: &str, column: &str) -> (String, String) {
+    (severity.to_owned(), column.to_owned())
+}
+
+/// `causation_id text`: the claim casts it to uuid, so one value that is
+/// not a UUID would fail every claim. Such a table is refused up front.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_type_the_relay_cannot_work_with_fails_migrate_and_stops_run() {
+    let db = TestDb::create().await;
+    seed_table_with(&db, &[("causation_id", "TEXT")]).await;
+    let id = Uuid::new_v4();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload)
+             VALUES ($1, 'not a uuid', 'a', $1, '{}')",
+            &[&id],
+        )
+        .await
+        .unwrap();
+
+    let out = db
+        .relay_command(&["migrate"], &[("OUTBOX_LOG_FORMAT", "json")])
+        .output()
+        .expect("run migrate");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(table_reports(&out.stderr), [report("unusable", "causation_id")]);
+    // The last line, the error, names the column, what was found, and the fix.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error = stderr.lines().last().unwrap_or_default();
+    for part in ["causation_id", "is text, expected uuid", "ALTER TABLE"] {
+        assert!(error.contains(part), "{part} missing from: {error}");
+    }
+
+    // `run` refuses to start on it (exit 1) rather than claiming.
+    let broker = TestBroker::create("#").await;
+    let mut relay = RelayProcess::start(&db, &broker.env());
+    let status = relay
+        .wait(Duration::from_secs(60))
+        .await
+        .expect("run stops on a table it cannot work with");
+    assert_eq!(status.code(), Some(1));
+    assert_eq!(
+        db.count("attempt_count = 0 AND quarantined_at IS NULL").await,
+        1,
+        "the row was never claimed"
+    );
+    broker.cleanup().await;
+}
+
+/// `created_at timestamp` (cast by the claim) and a nullable
+/// `aggregate_id` are reported with their fixes, and the relay runs: rows
+/// are published, and the one row with NULL there is quarantined alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn columns_the_claim_copes_with_are_reported_and_the_relay_runs() {
+    let db = TestDb::create().await;
+    seed_table_with(
+        &db,
+        &[
+            ("aggregate_id", "UUID"),
+            ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+        ],
+    )
+    .await;
+    let out = db
+        .relay_command(&["migrate"], &[("OUTBOX_LOG_FORMAT", "json")])
+        .output()
+        .expect("run migrate");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        table_reports(&out.stderr),
+        [
+            report("tolerated", "aggregate_id"),
+            report("tolerated", "created_at")
+        ]
+    );
+
+    let ids: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload)
+             SELECT id, id, 'a', id, '{}' FROM unnest($1::uuid[]) AS u(id)",
+            &[&ids],
+        )
+        .await
+        .unwrap();
+    let orphan = Uuid::new_v4();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload)
+             VALUES ($1, $1, 'a', NULL, '{}')",
+            &[&orphan],
+        )
+        .await
+        .unwrap();
+    let broker = TestBroker::create("#").await;
+    let mut relay = RelayProcess::start(&db, &broker.env());
+    let received = broker.receive(3, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 3);
+    common::eventually(Duration::from_secs(60), "the NULL row quarantined", || async {
+        db.count(&format!("id = '{orphan}' AND quarantined_at IS NOT NULL"))
+            .await
+            == 1
+    })
+    .await;
+    assert!(
+        relay.child.try_wait().expect("try_wait").is_none(),
+        "the relay keeps running"
+    );
+    broker.cleanup().await;
+}
+
 /// PostgreSQL cuts identifiers at 63 bytes, so names derived by appending
 /// to a long table name must be shortened without two of them becoming one
 /// (or one becoming the table's own name). At every length up to the limit,

@@ -36,6 +36,7 @@ fn store_at(url: &str) -> Store {
     let database = DatabaseSettings {
         database_url: url.to_owned(),
         table: "outbox_event".to_owned(),
+        database_pooler: "none".to_owned(),
     }
     .validate()
     .expect("valid test settings");

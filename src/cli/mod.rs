@@ -13,8 +13,8 @@ use tracing::info;
 use uuid::Uuid;
 
 use crate::config::{
-    parse_log_format, var, Config, ConfigError, DatabaseSettings, MigrateSettings, RelaySettings,
-    ServiceSettings, SinkSettings,
+    parse_log_format, var, Config, ConfigError, DatabaseSettings, ListenSettings, MigrateSettings,
+    RelaySettings, ServiceSettings, SinkSettings,
 };
 use crate::store::{describe_pg, Store};
 
@@ -41,6 +41,8 @@ pub struct RunArgs {
     #[command(flatten)]
     database: DatabaseSettings,
     #[command(flatten)]
+    listen: ListenSettings,
+    #[command(flatten)]
     sink: SinkSettings,
     #[command(flatten)]
     relay: RelaySettings,
@@ -51,8 +53,10 @@ pub struct RunArgs {
 impl RunArgs {
     /// Validates everything, before anything connects.
     pub fn validate(&self) -> Result<Config, ConfigError> {
+        let database = self.database.validate()?;
         Ok(Config {
-            database: self.database.validate()?,
+            listen: self.listen.validate(&database)?,
+            database,
             sink: self.sink.validate()?,
             relay: self.relay.validate()?,
             retention: self.service.retention()?,
@@ -227,6 +231,14 @@ async fn migrate(args: MigrateSettings) -> Result<(), CliError> {
     } else {
         info!(table = %database.table, applied = ?applied, "migrations applied");
     }
+    // The migrations add what is missing but never convert a producer's
+    // column, so a type the relay cannot read survives them: say so now,
+    // with the fix, rather than at the first claim. What they added stays;
+    // it is what a later `migrate` would add anyway.
+    let findings = crate::store::check_table(&client, &database.table)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot check the table's columns: {e}"))?;
+    crate::store::report_table_check(&findings).map_err(anyhow::Error::from)?;
     Ok(())
 }
 

@@ -19,10 +19,11 @@ use uuid::Uuid;
 
 pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
 
+use crate::liveness::{stall_limit, Liveness};
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::retry::Backoff;
-use crate::sink::{Outcome, Sink};
+use crate::sink::{Outcome, Sink, SinkError};
 use crate::store::{ClaimBudget, Claimed, Ordering, Store, StoreError};
 
 /// What happens to a row once the broker confirmed it.
@@ -91,6 +92,7 @@ pub struct Relay {
     config: RelayConfig,
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
+    liveness: Arc<Liveness>,
     sink_outage: Mutex<Outage>,
     confirm_outage: Mutex<Outage>,
     database_outage: Mutex<Outage>,
@@ -102,6 +104,7 @@ impl Relay {
         Self {
             store,
             sink: sink.clone(),
+            liveness: Arc::new(Liveness::new(config.workers as usize, stall_limit(&config))),
             config,
             metrics,
             wake: Arc::new(Notify::new()),
@@ -114,6 +117,11 @@ impl Relay {
     /// A handle that cuts an idle sleep short (new rows were announced).
     pub fn waker(&self) -> Arc<Notify> {
         self.wake.clone()
+    }
+
+    /// The workers' heartbeat, which `/healthz` reads.
+    pub fn liveness(&self) -> Arc<Liveness> {
+        self.liveness.clone()
     }
 
     fn backoff(&self) -> Backoff {
@@ -139,18 +147,26 @@ impl Relay {
             ordering = ?self.config.ordering,
             "relay started"
         );
-        futures::future::join_all((0..self.config.workers).map(|_| self.work(&shutdown))).await;
+        futures::future::join_all(
+            (0..self.config.workers as usize).map(|worker| self.work(worker, &shutdown)),
+        )
+        .await;
         info!("relay stopped");
     }
 
-    async fn work(&self, shutdown: &CancellationToken) {
+    async fn work(&self, worker: usize, shutdown: &CancellationToken) {
         let mut sink_state = Availability::new(&self.sink_outage);
         let mut db_state = Availability::new(&self.database_outage);
         let mut congestion = Availability::new(&self.confirm_outage);
         while !shutdown.is_cancelled() {
+            self.liveness.beat(worker);
             // Checking the sink first keeps a broker outage from burning
-            // every row's attempts towards quarantine.
-            if let Err(e) = self.sink.ready().await {
+            // every row's attempts towards quarantine. Bounded, so that a
+            // connection attempt into a black hole is an outage, not a hang.
+            let ready = tokio::time::timeout(self.config.publish_timeout, self.sink.ready())
+                .await
+                .unwrap_or_else(|_| Err(SinkError("no answer within OUTBOX_PUBLISH_TIMEOUT".to_owned())));
+            if let Err(e) = ready {
                 let delay = sink_state.failed(&e);
                 sleep_or_cancel(delay, shutdown).await;
                 continue;

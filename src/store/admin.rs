@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
+use super::pooler::{Param, Pooler, Session};
 use super::TableName;
 use super::{Store, StoreError};
 
@@ -180,7 +182,7 @@ struct AdminStatements {
 
 impl AdminStatements {
     // Rendering is a few string replacements; doing it per call keeps the
-    // `Store` struct unchanged, and `prepare_cached` keys on the text anyway.
+    // `Store` struct unchanged, and the statement cache keys on the text anyway.
     fn for_table(table: &TableName) -> Self {
         let quoted = table.quoted();
         let gauges = table.beside(super::migrate::GAUGES_TABLE);
@@ -224,21 +226,25 @@ async fn within<T>(
 /// `sql/set_local_index_scans.sql`).
 async fn begin_backlog(
     client: &mut deadpool_postgres::Object,
+    pooler: Pooler,
 ) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
-    let tx = begin(client, READ_TIMEOUT).await?;
-    let statement = tx.prepare_cached(SET_LOCAL_INDEX_SCANS).await?;
-    tx.query_one(&statement, &[]).await?;
+    let tx = begin(client, pooler, READ_TIMEOUT).await?;
+    Session::transaction(pooler, &tx)
+        .query_one(SET_LOCAL_INDEX_SCANS, &[])
+        .await?;
     Ok(tx)
 }
 
 /// Starts a transaction whose statements the server cancels after `timeout`.
 async fn begin(
     client: &mut deadpool_postgres::Object,
+    pooler: Pooler,
     timeout: Duration,
 ) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
     let tx = client.transaction().await?;
-    let statement = tx.prepare_cached(SET_LOCAL_TIMEOUTS).await?;
-    tx.query_one(&statement, &[&millis(timeout).to_string()]).await?;
+    Session::transaction(pooler, &tx)
+        .query_one(SET_LOCAL_TIMEOUTS, &[(&millis(timeout).to_string(), Type::TEXT)])
+        .await?;
     Ok(tx)
 }
 
@@ -253,26 +259,28 @@ impl Store {
         let sql = self.admin_sql().backlog;
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin_backlog(&mut client).await?;
-            let backlog = self.compute_backlog(&tx, &sql).await?;
+            let tx = begin_backlog(&mut client, self.pooler).await?;
+            let backlog = self
+                .compute_backlog(&Session::transaction(self.pooler, &tx), &sql)
+                .await?;
             tx.commit().await?;
             Ok(backlog)
         })
         .await
     }
 
-    async fn compute_backlog(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        sql: &str,
-    ) -> Result<Backlog, StoreError> {
+    async fn compute_backlog(&self, session: &Session<'_, '_>, sql: &str) -> Result<Backlog, StoreError> {
         let pending_index = self.table.qualified_derived("pending_idx");
         let quarantined_index = self.table.qualified_derived("quarantined_idx");
-        let statement = tx.prepare_cached(sql).await?;
-        let row = tx
+        let row = session
             .query_one(
-                &statement,
-                &[&COUNT_CAP, &STUCK_SCAN, &pending_index, &quarantined_index],
+                sql,
+                &[
+                    (&COUNT_CAP, Type::INT8),
+                    (&STUCK_SCAN, Type::INT8),
+                    (&pending_index, Type::TEXT),
+                    (&quarantined_index, Type::TEXT),
+                ],
             )
             .await?;
         let (unpublished, unpublished_exact) = bounded(row.get(1), COUNT_CAP, row.get(2));
@@ -302,13 +310,20 @@ impl Store {
         let key = self.table.name().to_owned();
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin_backlog(&mut client).await?;
+            let tx = begin_backlog(&mut client, self.pooler).await?;
+            let session = Session::transaction(self.pooler, &tx);
             // The lock before the read: the read's snapshot then includes
             // whatever the previous holder stored and committed.
-            let lock = tx.prepare_cached(GAUGES_LOCK).await?;
-            let locked: bool = tx.query_one(&lock, &[&table]).await?.get(0);
-            let read = tx.prepare_cached(&sql.gauges_read).await?;
-            let row = tx.query_one(&read, &[&key, &millis(max_age)]).await?;
+            let locked: bool = session
+                .query_one(GAUGES_LOCK, &[(&table, Type::TEXT)])
+                .await?
+                .get(0);
+            let row = session
+                .query_one(
+                    &sql.gauges_read,
+                    &[(&key, Type::TEXT), (&millis(max_age), Type::INT8)],
+                )
+                .await?;
             let oldest_unpublished_age_seconds: f64 = row.get(0);
             let stored = row.get::<_, Option<i64>>(1).map(|unpublished| {
                 let counts = BacklogCounts {
@@ -330,20 +345,19 @@ impl Store {
                     computed: false,
                 });
             }
-            let backlog = self.compute_backlog(&tx, &sql.backlog).await?;
+            let backlog = self.compute_backlog(&session, &sql.backlog).await?;
             let c = backlog.counts;
-            let write = tx.prepare_cached(&sql.gauges_store).await?;
-            let refreshed_at: f64 = tx
+            let refreshed_at: f64 = session
                 .query_one(
-                    &write,
+                    &sql.gauges_store,
                     &[
-                        &key,
-                        &c.unpublished,
-                        &c.unpublished_exact,
-                        &c.quarantined,
-                        &c.quarantined_exact,
-                        &c.stuck_aggregates,
-                        &c.stuck_aggregates_exact,
+                        (&key, Type::TEXT),
+                        (&c.unpublished, Type::INT8),
+                        (&c.unpublished_exact, Type::BOOL),
+                        (&c.quarantined, Type::INT8),
+                        (&c.quarantined_exact, Type::BOOL),
+                        (&c.stuck_aggregates, Type::INT8),
+                        (&c.stuck_aggregates_exact, Type::BOOL),
                     ],
                 )
                 .await?
@@ -363,9 +377,10 @@ impl Store {
         let sql = self.admin_sql().published_since;
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, READ_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let row = tx.query_one(&statement, &[&millis(window)]).await?;
+            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
+            let row = Session::transaction(self.pooler, &tx)
+                .query_one(&sql, &[(&millis(window), Type::INT8)])
+                .await?;
             tx.commit().await?;
             Ok(row.get(0))
         })
@@ -388,10 +403,15 @@ impl Store {
         let id = after.map(|cursor| cursor.id);
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&at, &id, &limit];
-            let mut rows = Box::pin(tx.query_raw(&statement, params).await?);
+            let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
+            let mut rows = Box::pin(
+                Session::transaction(self.pooler, &tx)
+                    .query_stream(
+                        &sql,
+                        &[(&at, Type::TIMESTAMPTZ), (&id, Type::UUID), (&limit, Type::INT8)],
+                    )
+                    .await?,
+            );
             let mut taken = 0;
             let mut stopped = false;
             while let Some(row) = rows.try_next().await? {
@@ -425,9 +445,10 @@ impl Store {
         let sql = self.admin_sql().release_quarantined;
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
-            let statement = tx.prepare_cached(&sql).await?;
-            let rows = tx.query(&statement, &[&ids]).await?;
+            let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
+            let rows = Session::transaction(self.pooler, &tx)
+                .query(&sql, &[(&ids, Type::UUID_ARRAY)])
+                .await?;
             tx.commit().await?;
             Ok(rows.iter().map(|row| row.get(0)).collect())
         })
@@ -449,7 +470,15 @@ impl Store {
         event_type: Option<&str>,
     ) -> Result<u64, StoreError> {
         let sql = self.admin_sql().replay;
-        self.admin_write(&sql, &[&since, &until, &event_type]).await
+        self.admin_write(
+            &sql,
+            &[
+                (&since, Type::TIMESTAMPTZ),
+                (&until, Type::TIMESTAMPTZ),
+                (&event_type, Type::TEXT),
+            ],
+        )
+        .await
     }
 
     /// One retention batch: deletes up to `limit` rows published more than
@@ -464,31 +493,32 @@ impl Store {
         let table = self.table.quoted();
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, READ_TIMEOUT).await?;
-            let lock = tx.prepare_cached(RETENTION_LOCK).await?;
-            let locked: bool = tx.query_one(&lock, &[&table]).await?.get(0);
+            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
+            let session = Session::transaction(self.pooler, &tx);
+            let locked: bool = session
+                .query_one(RETENTION_LOCK, &[(&table, Type::TEXT)])
+                .await?
+                .get(0);
             if !locked {
                 // Dropping the transaction rolls it back; nothing was done.
                 return Ok(RetentionBatch::Busy);
             }
-            let statement = tx.prepare_cached(&sql).await?;
-            let deleted = tx.execute(&statement, &[&millis(older_than), &limit]).await?;
+            let deleted = session
+                .execute(&sql, &[(&millis(older_than), Type::INT8), (&limit, Type::INT8)])
+                .await?;
             tx.commit().await?;
             Ok(RetentionBatch::Deleted(deleted))
         })
         .await
     }
 
-    async fn admin_write(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn admin_write(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, ADMIN_TIMEOUT).await?;
-            let statement = tx.prepare_cached(sql).await?;
-            let changed = tx.execute(&statement, params).await?;
+            let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
+            let changed = Session::transaction(self.pooler, &tx)
+                .execute(sql, params)
+                .await?;
             tx.commit().await?;
             Ok(changed)
         })

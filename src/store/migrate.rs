@@ -1,5 +1,6 @@
 //! `outbox-relay migrate`: the embedded migrations, applied once per table.
 
+use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::StoreError;
@@ -68,9 +69,12 @@ fn render(sql: &str, table: &TableName) -> String {
 ///
 /// Safe under concurrent replicas: everything runs in one transaction behind
 /// a transaction-level advisory lock, so a second `migrate` waits and then
-/// finds nothing left to do. `lock_timeout` keeps a migration that queues
-/// behind a long producer transaction from blocking the producer's writes
-/// for long: it fails instead, and can be retried.
+/// finds nothing left to do. The same holds through a transaction-pooling
+/// proxy: one transaction keeps one server connection, the lock ends with
+/// it, and every statement is sent unnamed (no prepared statement outlives
+/// its transaction), so `migrate` needs no direct URL. `lock_timeout` keeps
+/// a migration that queues behind a long producer transaction from blocking
+/// the producer's writes for long: it fails instead, and can be retried.
 ///
 /// `notify_trigger` installs (or removes) the NOTIFY trigger that wakes idle
 /// relays; it is applied on every run, and only touches the table when the
@@ -102,9 +106,9 @@ pub async fn migrate(
     ))
     .await?;
     let applied: Vec<i32> = tx
-        .query(
+        .query_typed(
             &format!("SELECT version FROM {history} WHERE table_name = $1"),
-            &[&table.name()],
+            &[(&table.name(), Type::TEXT)],
         )
         .await?
         .iter()
@@ -113,9 +117,13 @@ pub async fn migrate(
     let mut done = Vec::new();
     for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
         tx.batch_execute(&migration.render(table)).await?;
-        tx.execute(
+        tx.execute_typed(
             &format!("INSERT INTO {history} (table_name, version, name) VALUES ($1, $2, $3)"),
-            &[&table.name(), &migration.version, &migration.name],
+            &[
+                (&table.name(), Type::TEXT),
+                (&migration.version, Type::INT4),
+                (&migration.name, Type::TEXT),
+            ],
         )
         .await?;
         done.push(migration.name);
@@ -131,9 +139,12 @@ pub async fn migrate(
     }
     let trigger_name = table.derived("relay_notify");
     let installed: bool = tx
-        .query_one(
+        .query_typed_one(
             include_str!("sql/notify_trigger_exists.sql"),
-            &[&table.quoted(), &trigger_name.trim_matches('"')],
+            &[
+                (&table.quoted(), Type::TEXT),
+                (&trigger_name.trim_matches('"'), Type::TEXT),
+            ],
         )
         .await?
         .get(0);

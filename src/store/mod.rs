@@ -3,15 +3,18 @@
 //! validated, quoted outbox table name.
 
 mod admin;
+mod columns;
+mod connect;
 mod listen;
 mod migrate;
+mod pooler;
 mod table;
 
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use thiserror::Error;
-use tokio_postgres::NoTls;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use crate::event::Event;
@@ -20,9 +23,16 @@ pub use admin::{
     Backlog, BacklogCounts, GaugeReading, QuarantineCursor, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT,
     COUNT_CAP, READ_TIMEOUT, STUCK_SCAN,
 };
+pub use columns::{
+    check_columns, check_table, report as report_table_check, Column, Finding, Severity, UnusableTable,
+};
+pub use connect::{PgTls, SslMode};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
-pub use table::{describe_pg, DatabaseConfig, TableName};
+pub use pooler::Pooler;
+pub use table::{describe_pg, DatabaseConfig, Endpoint, TableName};
+
+use pooler::{Param, Session};
 
 /// A database failure. The messages come from PostgreSQL or the driver and
 /// never include the connection password.
@@ -48,7 +58,9 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        let cause_text = cause.to_string();
+        // rustls names a certificate problem by its enum variant
+        // (UnknownIssuer); an operator needs the words.
+        let cause_text = crate::tls::describe(cause).unwrap_or_else(|| cause.to_string());
         if !text.contains(&cause_text) {
             text.push_str(": ");
             text.push_str(&cause_text);
@@ -194,7 +206,7 @@ impl Statements {
 }
 
 /// Default bound on one statement; a hung database must not hang the relay.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server's own bound on the relay's statements, shorter than
 /// [`QUERY_TIMEOUT`]: a claim the relay gave up waiting for must not commit
@@ -202,9 +214,37 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// longer (migrations, admin commands) set their own with `SET LOCAL`.
 const SERVER_STATEMENT_TIMEOUT: &str = "25s";
 
+const RELAY_SETTINGS: &str = include_str!("sql/relay_settings.sql");
+
+/// Opens the pool's connections with the URL's TLS settings and libpq's
+/// `sslmode` fallbacks.
+struct TlsConnect(PgTls);
+
+impl deadpool_postgres::Connect for TlsConnect {
+    fn connect(
+        &self,
+        pg: &tokio_postgres::Config,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+    > {
+        let pg = pg.clone();
+        Box::pin(async move {
+            let (client, connection) = self.0.connect(&pg).await?;
+            let task = tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %with_causes(&e), "database connection failed");
+                }
+            });
+            Ok((client, task))
+        })
+    }
+}
+
 /// The outbox table, through a connection pool.
 pub struct Store {
     pool: Pool,
+    pooler: Pooler,
     table: TableName,
     sql: Statements,
     /// Whether the table has a `sequence_number` column, looked up at the
@@ -223,57 +263,65 @@ impl Store {
         if pg.get_application_name().is_none() {
             pg.application_name("outbox-relay");
         }
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             pg,
-            NoTls,
+            TlsConnect(config.tls.clone()),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let builder = Pool::builder(manager)
             .max_size(pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(10)))
             .create_timeout(Some(Duration::from_secs(10)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            // Two planner settings for the relay's own connections, both
-            // found under load in the benchmark:
-            //
-            // - plan_cache_mode: plan every statement for its parameters and
-            //   the table as it is now. A prepared statement otherwise
-            //   settles on a generic plan after five runs, costed for the
-            //   table as it was: a relay started beside an empty outbox kept
-            //   a mark plan that walked every unpublished row.
-            // - enable_bitmapscan: an outbox swings from almost nothing
-            //   unpublished (when ANALYZE usually samples it) to a large
-            //   backlog (when speed matters). On such stale estimates the
-            //   claim chose a bitmap scan of the whole backlog and a sort,
-            //   136 ms a batch at 50,000 rows behind, instead of walking the
-            //   pending index in order and stopping after a batch. Every
-            //   statement here is written for a plain index scan.
-            //
-            // statement_timeout: see SERVER_STATEMENT_TIMEOUT.
-            //
-            // SETs, not startup options, so poolers that refuse startup
-            // options still connect.
-            .post_create(Hook::async_fn(|client, _| {
+            .recycle_timeout(Some(Duration::from_secs(5)));
+        // The relay's settings for its own connections (sql/relay_settings.sql):
+        //
+        // - plan_cache_mode: plan every statement for its parameters and
+        //   the table as it is now. A prepared statement otherwise
+        //   settles on a generic plan after five runs, costed for the
+        //   table as it was: a relay started beside an empty outbox kept
+        //   a mark plan that walked every unpublished row.
+        // - enable_bitmapscan: an outbox swings from almost nothing
+        //   unpublished (when ANALYZE usually samples it) to a large
+        //   backlog (when speed matters). On such stale estimates the
+        //   claim chose a bitmap scan of the whole backlog and a sort,
+        //   136 ms a batch at 50,000 rows behind, instead of walking the
+        //   pending index in order and stopping after a batch. Every
+        //   statement here is written for a plain index scan.
+        //   (Both found under load in the benchmark.)
+        // - statement_timeout: see SERVER_STATEMENT_TIMEOUT.
+        //
+        // set_config, not startup options, so poolers that refuse startup
+        // options still connect. Behind a transaction pooler they are set
+        // in the claim's own transaction instead (see `claim`): the
+        // statements that record outcomes then have the client's bound
+        // only, which is harmless, as a late one matches its claim's
+        // attempt or changes nothing.
+        let builder = match config.pooler {
+            Pooler::None => builder.post_create(Hook::async_fn(|client, _| {
                 Box::pin(async move {
                     client
-                        .simple_query(&format!(
-                            "SET plan_cache_mode = force_custom_plan; SET enable_bitmapscan = off; \
-                             SET statement_timeout = '{SERVER_STATEMENT_TIMEOUT}'"
-                        ))
+                        .query_typed(
+                            RELAY_SETTINGS,
+                            &[(&false, Type::BOOL), (&SERVER_STATEMENT_TIMEOUT, Type::TEXT)],
+                        )
                         .await
                         .map_err(HookError::Backend)?;
                     Ok(())
                 })
-            }))
+            })),
+            Pooler::Transaction => builder,
+        };
+        let pool = builder
             .build()
             // Building only fails without a runtime for the timeouts, and
             // one is set just above.
             .expect("pool has a runtime for its timeouts");
         Self {
             pool,
+            pooler: config.pooler,
             table: config.table.clone(),
             sql: Statements::for_table(&config.table),
             has_sequence_column: tokio::sync::OnceCell::new(),
@@ -322,17 +370,34 @@ impl Store {
             Ordering::Aggregate => &self.sql.claim_ordered,
         };
         bounded(async {
-            let client = self.pool.get().await?;
-            let statement = client.prepare_cached(sql).await?;
+            let mut client = self.pool.get().await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
             let bytes = i64::try_from(budget.bytes).unwrap_or(i64::MAX);
             let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
-            let rows = client
-                .query(
-                    &statement,
-                    &[&i64::from(budget.rows), &lease_ms, &bytes, &max_payload],
-                )
-                .await?;
+            let params: [Param<'_>; 4] = [
+                (&i64::from(budget.rows), Type::INT8),
+                (&lease_ms, Type::INT8),
+                (&bytes, Type::INT8),
+                (&max_payload, Type::INT8),
+            ];
+            let rows = match self.pooler {
+                Pooler::None => Session::client(self.pooler, &client).query(sql, &params).await?,
+                // The settings hold for this transaction only, so the claim
+                // gets a transaction of its own to carry them.
+                Pooler::Transaction => {
+                    let tx = client.transaction().await?;
+                    let session = Session::transaction(self.pooler, &tx);
+                    session
+                        .query(
+                            RELAY_SETTINGS,
+                            &[(&true, Type::BOOL), (&SERVER_STATEMENT_TIMEOUT, Type::TEXT)],
+                        )
+                        .await?;
+                    let rows = session.query(sql, &params).await?;
+                    tx.commit().await?;
+                    rows
+                }
+            };
             let mut claimed = Claimed::default();
             for row in &rows {
                 match claimed_event(row, budget.max_payload) {
@@ -354,10 +419,10 @@ impl Store {
             .get_or_try_init(|| {
                 bounded(async {
                     let client = self.pool.get().await?;
-                    let row = client
+                    let row = Session::client(self.pooler, &client)
                         .query_one(
                             include_str!("sql/has_sequence_column.sql"),
-                            &[&self.table.quoted()],
+                            &[(&self.table.quoted(), Type::TEXT)],
                         )
                         .await?;
                     Ok(row.get(0))
@@ -371,13 +436,21 @@ impl Store {
     /// pairs, the attempt their claim counted: a row another claim has
     /// taken since is left to that claim.
     pub async fn mark_published(&self, ids: &[Uuid], attempts: &[i32]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.mark_published, &[&ids, &attempts]).await
+        self.execute(
+            &self.sql.mark_published,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
     }
 
     /// Deletes confirmed rows (`OUTBOX_ON_PUBLISH=delete`); pairs as in
     /// [`Store::mark_published`].
     pub async fn delete_published(&self, ids: &[Uuid], attempts: &[i32]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.delete_published, &[&ids, &attempts]).await
+        self.execute(
+            &self.sql.delete_published,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
     }
 
     /// Records failed attempts: each row's error and its delay before the
@@ -392,8 +465,16 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let errors = last_errors(errors);
         let delays = millis(delays);
-        self.execute(&self.sql.reschedule, &[&ids, &attempts, &errors, &delays])
-            .await
+        self.execute(
+            &self.sql.reschedule,
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+                (&errors, Type::TEXT_ARRAY),
+                (&delays, Type::INT8_ARRAY),
+            ],
+        )
+        .await
     }
 
     /// Quarantines rows with their reasons (columns of the same rows).
@@ -404,25 +485,31 @@ impl Store {
         errors: &[&str],
     ) -> Result<u64, StoreError> {
         let errors = last_errors(errors);
-        self.execute(&self.sql.quarantine, &[&ids, &attempts, &errors])
-            .await
+        self.execute(
+            &self.sql.quarantine,
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+                (&errors, Type::TEXT_ARRAY),
+            ],
+        )
+        .await
     }
 
     /// Gives back the attempts of rows the broker or the network failed;
     /// they are due again at once (pairs as in [`Store::mark_published`]).
     pub async fn defer(&self, ids: &[Uuid], attempts: &[i32]) -> Result<u64, StoreError> {
-        self.execute(&self.sql.defer, &[&ids, &attempts]).await
+        self.execute(
+            &self.sql.defer,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
     }
 
-    async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         bounded(async {
             let client = self.pool.get().await?;
-            let statement = client.prepare_cached(sql).await?;
-            Ok(client.execute(&statement, params).await?)
+            Ok(Session::client(self.pooler, &client).execute(sql, params).await?)
         })
         .await
     }

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use super::connect::{self, PgTls};
+use super::Pooler;
 use crate::config::{var, ConfigError};
 
 /// A validated, possibly schema-qualified table name, quoted for SQL.
@@ -202,16 +204,56 @@ fn validate_identifier(part: &str) -> Result<(), &'static str> {
 pub struct DatabaseConfig {
     /// Parsed connection settings (the password stays inside).
     pub pg: tokio_postgres::Config,
+    /// TLS as the URL's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` ask.
+    pub tls: PgTls,
     /// The outbox table.
     pub table: TableName,
+    /// Whether the URL goes through a transaction-pooling proxy.
+    pub pooler: Pooler,
 }
 
 impl fmt::Debug for DatabaseConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DatabaseConfig")
             .field("target", &describe_pg(&self.pg))
+            .field("tls", &self.tls)
             .field("table", &self.table)
+            .field("pooler", &self.pooler)
             .finish()
+    }
+}
+
+/// A server the relay connects to: its settings and how to secure them
+/// (the LISTEN connection's may differ from the pool's).
+#[derive(Clone)]
+pub struct Endpoint {
+    /// Parsed connection settings (the password stays inside).
+    pub pg: tokio_postgres::Config,
+    /// TLS for it.
+    pub tls: PgTls,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("target", &describe_pg(&self.pg))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// Validates a connection URL (or key=value string) given in `variable`.
+    pub fn parse(variable: &'static str, raw: &str) -> Result<Self, ConfigError> {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            return Err(ConfigError::new(variable, "is empty"));
+        }
+        if raw.contains("://") && url::Url::parse(raw).is_err() {
+            return Err(ConfigError::new(variable, "is not a valid URL"));
+        }
+        let (pg, tls) = connect::parse(variable, raw)?;
+        Ok(Self { pg, tls })
     }
 }
 
@@ -231,22 +273,25 @@ pub fn describe_pg(pg: &tokio_postgres::Config) -> String {
 }
 
 impl DatabaseConfig {
-    /// Validates `OUTBOX_DATABASE_URL` and `OUTBOX_TABLE`.
-    pub fn parse(database_url: &str, table: &str) -> Result<Self, ConfigError> {
-        let url = database_url.trim();
-        if url.is_empty() {
-            return Err(ConfigError::new(var::DATABASE_URL, "is empty"));
-        }
-        // tokio-postgres' parse errors name the offending part, not the
-        // whole string, so they are safe to show.
-        let pg: tokio_postgres::Config = url.parse().map_err(|e| {
-            ConfigError::new(var::DATABASE_URL, format!("is not a valid PostgreSQL URL: {e}"))
-        })?;
-        if url.contains("://") && url::Url::parse(url).is_err() {
-            return Err(ConfigError::new(var::DATABASE_URL, "is not a valid URL"));
-        }
+    /// Validates `OUTBOX_DATABASE_URL` and `OUTBOX_TABLE`, for a database
+    /// reached the way `pooler` says.
+    pub fn parse(database_url: &str, table: &str, pooler: Pooler) -> Result<Self, ConfigError> {
+        let Endpoint { pg, tls } = Endpoint::parse(var::DATABASE_URL, database_url)?;
         let table = TableName::parse(table.trim()).map_err(|e| ConfigError::new(var::TABLE, e))?;
-        Ok(Self { pg, table })
+        Ok(Self {
+            pg,
+            tls,
+            table,
+            pooler,
+        })
+    }
+
+    /// The database URL's server, as an [`Endpoint`].
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            pg: self.pg.clone(),
+            tls: self.tls.clone(),
+        }
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Received {
 pub struct TestBroker {
     pub exchange: String,
     pub queue: String,
+    /// The broker's URL, which the relay is given too.
+    pub url: String,
     connection: Connection,
     channel: lapin::Channel,
 }
@@ -100,6 +102,7 @@ impl TestBroker {
         Self {
             exchange,
             queue,
+            url: amqp_url.to_owned(),
             connection,
             channel,
         }
@@ -169,9 +172,45 @@ impl TestBroker {
         &self.connection
     }
 
-    /// The relay settings that publish to this test's exchange.
+    /// Receives like [`TestBroker::receive`], keeping only the message ids,
+    /// for tests whose messages are large.
+    pub async fn receive_ids(&self, count: usize, within: Duration) -> Vec<String> {
+        let channel = self.connection.create_channel().await.expect("consumer channel");
+        let mut consumer = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                unique("consumer").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("consume");
+        let deadline = tokio::time::Instant::now() + within;
+        let mut ids = Vec::new();
+        while ids.len() < count {
+            let next = tokio::time::timeout_at(deadline, consumer.next()).await;
+            let Ok(Some(Ok(delivery))) = next else { break };
+            delivery.ack(BasicAckOptions::default()).await.expect("ack");
+            ids.push(
+                delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            );
+        }
+        let _ = channel.close(200, "done".into()).await;
+        ids
+    }
+
+    /// The relay settings that publish to this test's exchange on this
+    /// test's broker.
     pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![("OUTBOX_AMQP_EXCHANGE", self.exchange.clone())]
+        vec![
+            ("OUTBOX_AMQP_EXCHANGE", self.exchange.clone()),
+            ("OUTBOX_AMQP_URL", self.url.clone()),
+        ]
     }
 
     /// Deletes the queue and exchange.

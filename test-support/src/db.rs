@@ -81,6 +81,11 @@ impl<R> TestDb<R> {
         connect(&self.url).await
     }
 
+    /// Replaces the test's own connection, after its server restarted.
+    pub async fn reconnect(&mut self) {
+        self.client = connect(&self.url).await;
+    }
+
     /// Inserts `count` events as a producer would; returns their ids in
     /// insertion order.
     pub async fn insert_events(&self, count: usize, event_type: &str) -> Vec<Uuid> {

@@ -2,7 +2,11 @@
 //! benchmark: a database of its own per test, a RabbitMQ exchange and queue
 //! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), the relay
 //! binary as a child process ([`relay_process`]), a cuttable TCP proxy
-//! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]), and
+//! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
+//! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
+//! and a PostgreSQL cluster ([`private_postgres`]) to disturb (alarms,
+//! restarts), on what [`system`] gives; a PostgreSQL cluster with TLS,
+//! PgBouncer, stunnel, and their certificates ([`servers`]) — and
 //! [`eventually`], which waits on a condition instead of sleeping.
 //!
 //! The brokers' clients come with features, `amqp` (lapin) and `sqs`
@@ -18,11 +22,16 @@
 #[cfg(feature = "amqp")]
 pub mod broker;
 pub mod db;
+pub mod private_postgres;
+#[cfg(feature = "amqp")]
+pub mod private_rabbit;
 pub mod proxy;
 pub mod relay_process;
 pub mod rows;
+pub mod servers;
 #[cfg(feature = "sqs")]
 pub mod sqs;
+pub mod system;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! The chaos: the relays (the real binary, each behind a proxy of its own
 //! to the broker), killed, cut off and their database backends terminated
-//! at random; what the chaos did and what the relays' logs reported, which
+//! at random, or, on private servers, the broker alarmed and the database
+//! restarted; what the chaos did and what the relays' logs reported, which
 //! together bound the duplicates a run may deliver.
 
 use std::io::{BufRead, BufReader};
@@ -10,8 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
+use crate::common::private_postgres::PrivatePostgres;
+use crate::common::private_rabbit::PrivateRabbit;
 use crate::common::proxy::Proxy;
 use crate::common::{eventually, RelayProcess, TestDb};
 use crate::producer::UNROUTABLE;
@@ -25,6 +28,11 @@ pub struct ChaosLog {
     /// Calls that terminated at least one relay backend.
     pub terminations: usize,
     pub backends_terminated: i64,
+    /// Memory alarms raised on the broker, and their total length.
+    pub alarms: usize,
+    pub alarm_time: Duration,
+    /// Fast restarts of the database.
+    pub restarts: usize,
     /// Rows whose publish the broker or the network failed, as the relays
     /// logged them (deferred: cuts, and publish timeouts on a starved
     /// machine, with or without chaos). Rows the broker refused (returned,
@@ -40,14 +48,20 @@ impl ChaosLog {
     /// only if the broker took it and its relay did not record that: the
     /// relay was killed in between (its rows in flight), its broker
     /// connection was cut before the confirms arrived (that relay's rows
-    /// in flight), its database backend was terminated and the mark did not
-    /// get through before the lease ran out (every relay's rows in flight,
-    /// and the relay logs it), or the publish failed although the broker
-    /// had taken some of the batch (a timeout: the relay logs the rows).
+    /// in flight), its database backend was terminated or the database
+    /// restarted and the mark did not get through before the lease ran out
+    /// (every relay's rows in flight, and the relay logs it), the broker
+    /// took a batch an alarm held up after the relay gave up on it (every
+    /// relay's rows in flight, and the relay logs them), or the publish
+    /// failed although the broker had taken some of the batch (a timeout:
+    /// the relay logs the rows).
     /// The last one happens without any chaos on a starved machine, which
     /// is why the relays' own reports are part of the bound.
     pub fn duplicate_bound(&self, workers: usize) -> usize {
-        let windows = self.kills + self.cuts + self.terminations * RELAYS + self.unrecorded_batches;
+        let windows = self.kills
+            + self.cuts
+            + (self.terminations + self.restarts + self.alarms) * RELAYS
+            + self.unrecorded_batches;
         windows * BATCH * workers + self.unconfirmed_rows
     }
 }
@@ -172,17 +186,23 @@ impl Relays {
     }
 
     /// Kills, cuts and terminates at random every 1–3 s until `until`
-    /// has passed and `producer` is done.
+    /// has passed and `producer` is done; only cuts when `cuts_only`.
     pub async fn chaos(
         &mut self,
         db: &TestDb,
         rng: &mut StdRng,
         until: Instant,
         producer: &tokio::task::JoinHandle<()>,
+        cuts_only: bool,
     ) -> ChaosLog {
         let mut log = ChaosLog::default();
         while Instant::now() < until || !producer.is_finished() {
             tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..=3_000))).await;
+            if cuts_only {
+                self.proxies[rng.random_range(0..self.proxies.len())].cut();
+                log.cuts += 1;
+                continue;
+            }
             let victim = rng.random_range(0..self.processes.len());
             self.processes[victim].signal("KILL");
             self.processes[victim]
@@ -220,5 +240,59 @@ impl Relays {
         }
         log.unconfirmed_rows = self.reports.unconfirmed_rows.load(AtomicOrdering::SeqCst);
         log.unrecorded_batches = self.reports.unrecorded_batches.load(AtomicOrdering::SeqCst);
+    }
+}
+
+/// Raises the broker's memory alarm for 1–5 s at a time, 1–5 s apart, and
+/// restarts the database every 3–8 s, until `until` has passed and
+/// `producer` is done.
+pub async fn outages(
+    rabbit: &PrivateRabbit,
+    postgres: &PrivatePostgres,
+    seed: u64,
+    until: Instant,
+    producer: &tokio::task::JoinHandle<()>,
+) -> ChaosLog {
+    let going_on = || Instant::now() < until || !producer.is_finished();
+    let alarms = async {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xa1a2);
+        let (mut count, mut time) = (0, Duration::ZERO);
+        loop {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..=5_000))).await;
+            if !going_on() {
+                break;
+            }
+            // rabbitmqctl takes a second or so itself; the alarm lasts from
+            // the raising command's end to the clearing one's end.
+            rabbit
+                .rabbitmqctl(&["set_vm_memory_high_watermark", "0.0000001"])
+                .await;
+            let raised = Instant::now();
+            tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..=5_000))).await;
+            rabbit.rabbitmqctl(&["set_vm_memory_high_watermark", "0.4"]).await;
+            count += 1;
+            time += raised.elapsed();
+        }
+        (count, time)
+    };
+    let restarts = async {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7e57);
+        let mut count = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(3_000..=8_000))).await;
+            if !going_on() {
+                break;
+            }
+            postgres.restart_fast().await;
+            count += 1;
+        }
+        count
+    };
+    let ((alarms, alarm_time), restarts) = tokio::join!(alarms, restarts);
+    ChaosLog {
+        alarms,
+        alarm_time,
+        restarts,
+        ..ChaosLog::default()
     }
 }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::common::sqs::TestQueue;
-use crate::common::{self, TestBroker, TestDb};
+use crate::common::{TestBroker, TestDb};
 use crate::Run;
 
 /// The chance, per first delivery, that the consumer "crashes" before its
@@ -169,7 +169,7 @@ const AMQP_WORKERS: usize = 8;
 /// [`AMQP_WORKERS`] workers, into `run`'s ledger. Runs until `run` stops
 /// it.
 pub fn start_amqp_consumer(broker: &TestBroker, run: &Run) -> tokio::task::JoinHandle<()> {
-    let queue = broker.queue.clone();
+    let (queue, broker_url) = (broker.queue.clone(), broker.url.clone());
     let (url, seed, ledger, stop) = consumer_of(run);
     tokio::spawn(async move {
         let mut workers = Vec::new();
@@ -206,7 +206,7 @@ pub fn start_amqp_consumer(broker: &TestBroker, run: &Run) -> tokio::task::JoinH
                 }
             }));
         }
-        let connection = Connection::connect(&common::amqp_url(), ConnectionProperties::default())
+        let connection = Connection::connect(&broker_url, ConnectionProperties::default())
             .await
             .expect("consumer reaches RabbitMQ");
         let channel = connection.create_channel().await.expect("consumer channel");
@@ -271,7 +271,7 @@ pub fn start_amqp_consumer(broker: &TestBroker, run: &Run) -> tokio::task::JoinH
 /// hands messages out in order, so once the consumer has seen the fence
 /// (and got back what it handed back itself), it has seen everything.
 pub async fn publish_fence(broker: &TestBroker) {
-    let connection = Connection::connect(&common::amqp_url(), ConnectionProperties::default())
+    let connection = Connection::connect(&broker.url, ConnectionProperties::default())
         .await
         .expect("fence publisher reaches RabbitMQ");
     let channel = connection.create_channel().await.expect("fence channel");

@@ -19,6 +19,17 @@
 //! - with `OUTBOX_ORDERING=aggregate`, the first delivery of each event
 //!   comes in `(created_at, id)` order within its aggregate.
 //!
+//! One variant runs on a private RabbitMQ node and a private PostgreSQL
+//! cluster and has outages for chaos: memory alarms raised and cleared at
+//! random (the node blocks every publisher), fast restarts of the
+//! database, and cut connections. An outage is not the rows' fault: each
+//! row ends with the one attempt that delivered it, and, three attempts
+//! allowed, nothing is quarantined.
+//!
+//! One run routes the relays' database connections through PgBouncer in
+//! transaction mode (`OUTBOX_DATABASE_POOLER=transaction`), with the same
+//! chaos and the same checks.
+//!
 //! The chaos schedule comes from a seeded RNG; the seed is printed, and
 //! `OUTBOX_CRASH_SEED=<seed>` replays the same schedule (the interleaving
 //! with the processes still varies: it is timing).
@@ -38,7 +49,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::private_postgres::PrivatePostgres;
+use common::private_rabbit::PrivateRabbit;
 use common::proxy::Proxy;
+use common::servers::PgBouncer;
 use common::sqs::TestQueue;
 use common::{eventually, TestBroker, TestDb};
 use rand::rngs::StdRng;
@@ -46,7 +60,7 @@ use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use chaos::{all_published, ChaosLog, Relays};
+use chaos::{all_published, outages, ChaosLog, Relays};
 use consumers::{
     consumer_database, publish_fence, sqs_queue_empty, start_amqp_consumer, start_sqs_consumer, Ledger,
 };
@@ -63,6 +77,9 @@ const SETTLE: Duration = Duration::from_secs(180);
 /// again, and the extra messages slow the broker further (seen: every row
 /// delivered twice, 50 attempts on one row). 2 s (lease 9 s) holds up.
 const RABBITMQ_PUBLISH_TIMEOUT: &str = "2s";
+/// PgBouncer's server connections in the run through it: fewer than the
+/// relays' client connections (three relays, eleven each).
+const PGBOUNCER_SERVER_CONNECTIONS: u32 = 6;
 
 /// One run of the suite.
 struct Scenario {
@@ -81,7 +98,19 @@ struct Scenario {
     ordering: bool,
     /// Every n-th event (0: none) has an event type no queue is bound to.
     unroutable_every: i64,
+    /// `OUTBOX_MAX_ATTEMPTS`.
+    max_attempts: u32,
+    /// Outages only, on private servers: broker alarms, database restarts
+    /// and cut connections, and no kills or terminated backends. A kill
+    /// rightly charges an attempt to the rows in flight; without kills,
+    /// an attempt charged beyond a row's delivery would be an outage
+    /// charged to the row.
+    outages: bool,
 }
+
+/// Enough that chaos never quarantines a row: every kill charges the rows
+/// in flight.
+const MANY_ATTEMPTS: u32 = 1000;
 
 fn seed() -> u64 {
     std::env::var("OUTBOX_CRASH_SEED")
@@ -90,16 +119,15 @@ fn seed() -> u64 {
         .unwrap_or_else(rand::random)
 }
 
-/// Settings every relay of the suite shares: quick to react, a short claim
-/// lease (2 × the publish timeout + 5 s: a killed relay's rows come back
-/// after at most that), and attempts enough that chaos never quarantines.
+/// Settings every relay of the suite shares: quick to react, and a short
+/// claim lease (2 × the publish timeout + 5 s: a killed relay's rows come
+/// back after at most that).
 fn relay_settings(scenario: &Scenario) -> Vec<(&'static str, String)> {
     let mut env: Vec<(&'static str, String)> = [
         ("OUTBOX_PUBLISH_TIMEOUT", scenario.publish_timeout),
         ("OUTBOX_POLL_INTERVAL", "50ms"),
         ("OUTBOX_BACKOFF_BASE", "100ms"),
         ("OUTBOX_BACKOFF_MAX", "1s"),
-        ("OUTBOX_MAX_ATTEMPTS", "1000"),
         ("OUTBOX_RETENTION", "0"),
         // The suite reads the warnings (failed publishes) from the logs.
         ("RUST_LOG", "warn"),
@@ -107,6 +135,7 @@ fn relay_settings(scenario: &Scenario) -> Vec<(&'static str, String)> {
     .into_iter()
     .map(|(key, value)| (key, value.to_owned()))
     .collect();
+    env.push(("OUTBOX_MAX_ATTEMPTS", scenario.max_attempts.to_string()));
     env.push(("OUTBOX_BATCH_SIZE", BATCH.to_string()));
     env.push(("OUTBOX_WORKERS", scenario.workers.to_string()));
     if scenario.ordering {
@@ -130,6 +159,9 @@ struct Run {
     stop: CancellationToken,
     /// When each phase ended, for the summary line.
     phases: Vec<(&'static str, Instant)>,
+    /// The servers an outages scenario disturbs (`db` lives on the
+    /// PostgreSQL one). Declared after the databases, so dropped after them.
+    private: Option<(PrivatePostgres, PrivateRabbit)>,
 }
 
 impl Run {
@@ -142,7 +174,17 @@ impl Run {
             scenario.name
         );
         let rng = StdRng::seed_from_u64(seed);
-        let db = TestDb::migrated().await;
+        // Outages disturb their servers: private ones. The consumer's
+        // database stays on the shared server, out of their way.
+        let private = if scenario.outages {
+            Some(tokio::join!(PrivatePostgres::start(), PrivateRabbit::start("")))
+        } else {
+            None
+        };
+        let db = match &private {
+            Some((postgres, _)) => postgres.migrated_database().await,
+            None => TestDb::migrated().await,
+        };
         let consumer_db = consumer_database().await;
         Self {
             scenario,
@@ -154,6 +196,7 @@ impl Run {
             ledger: Arc::new(Mutex::new(Ledger::default())),
             stop: CancellationToken::new(),
             phases: Vec::new(),
+            private,
         }
     }
 
@@ -177,19 +220,33 @@ impl Run {
         }
         let producer = start_producer(&self.db, &self.scenario);
         let mut relays = Relays::start(&self.db, settings, proxies);
-        let mut chaos = relays
-            .chaos(
-                &self.db,
-                &mut self.rng,
-                Instant::now() + self.scenario.chaos_for,
-                &producer,
-            )
-            .await;
+        let until = Instant::now() + self.scenario.chaos_for;
+        let mut chaos = match &self.private {
+            Some((postgres, rabbit)) => {
+                let (cuts, outages) = tokio::join!(
+                    relays.chaos(&self.db, &mut self.rng, until, &producer, true),
+                    outages(rabbit, postgres, self.seed, until, &producer)
+                );
+                ChaosLog {
+                    cuts: cuts.cuts,
+                    ..outages
+                }
+            }
+            None => {
+                relays
+                    .chaos(&self.db, &mut self.rng, until, &producer, false)
+                    .await
+            }
+        };
         producer.await.expect("producer");
         self.phases.push(("chaos over", Instant::now()));
+        if chaos.restarts > 0 {
+            self.db.reconnect().await;
+        }
         all_published(&self.db).await;
         self.phases.push(("all published", Instant::now()));
         relays.stop(&mut chaos);
+        eprintln!("crash suite [{}]: {chaos:?}", self.scenario.name);
         chaos
     }
 
@@ -208,8 +265,8 @@ impl Run {
     }
 }
 
-fn amqp_addr() -> SocketAddr {
-    let url = url::Url::parse(&common::amqp_url()).expect("OUTBOX_TEST_AMQP_URL is a URL");
+fn amqp_addr(url: &str) -> SocketAddr {
+    let url = url::Url::parse(url).expect("the AMQP URL is a URL");
     let host = url.host_str().expect("the AMQP URL has a host").to_owned();
     (host.as_str(), url.port().unwrap_or(5672))
         .to_socket_addrs()
@@ -218,22 +275,54 @@ fn amqp_addr() -> SocketAddr {
         .expect("RabbitMQ has an address")
 }
 
-/// The relay settings that reach RabbitMQ through `proxy`.
-fn amqp_via(proxy: &Proxy) -> String {
-    let mut url = url::Url::parse(&common::amqp_url()).expect("OUTBOX_TEST_AMQP_URL is a URL");
+/// The URL of the RabbitMQ at `url`, through `proxy`.
+fn amqp_via(proxy: &Proxy, url: &str) -> String {
+    let mut url = url::Url::parse(url).expect("the AMQP URL is a URL");
     url.set_host(Some(&proxy.addr.ip().to_string())).expect("a host");
     url.set_port(Some(proxy.addr.port())).expect("a port");
     url.to_string()
 }
 
 async fn rabbitmq_under_chaos(scenario: Scenario) {
+    rabbitmq_under_chaos_through(scenario, false).await;
+}
+
+/// With `through_pgbouncer`, the relays reach the database through a
+/// PgBouncer of the run's own in transaction mode
+/// (`OUTBOX_DATABASE_POOLER=transaction`), with fewer server connections
+/// than relay connections; the backends the chaos terminates are then
+/// PgBouncer's server connections.
+async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: bool) {
     let mut run = Run::begin(scenario).await;
-    let broker = TestBroker::create("chaos.#").await;
+    let bouncer = through_pgbouncer.then(|| {
+        let admin_url = match &run.private {
+            Some((postgres, _)) => postgres.admin_url(),
+            None => common::pg_admin_url(),
+        };
+        let server = url::Url::parse(&admin_url).expect("the PostgreSQL admin URL is a URL");
+        PgBouncer::start(
+            server.host_str().expect("a host"),
+            server.port().unwrap_or(5432),
+            PGBOUNCER_SERVER_CONNECTIONS,
+        )
+    });
+    let database_env: Vec<(&'static str, String)> = match &bouncer {
+        Some(bouncer) => vec![
+            ("OUTBOX_DATABASE_URL", bouncer.url_for(&run.db.url)),
+            ("OUTBOX_DATABASE_POOLER", "transaction".to_owned()),
+        ],
+        None => Vec::new(),
+    };
+    let broker = match &run.private {
+        Some((_, rabbit)) => rabbit.broker("chaos.#").await,
+        None => TestBroker::create("chaos.#").await,
+    };
     let consumer = start_amqp_consumer(&broker, &run);
     let chaos = run
-        .relays_under_chaos(amqp_addr(), |proxy| {
+        .relays_under_chaos(amqp_addr(&broker.url), |proxy| {
             let mut env = broker.env();
-            env.push(("OUTBOX_AMQP_URL", amqp_via(proxy)));
+            env.push(("OUTBOX_AMQP_URL", amqp_via(proxy, &broker.url)));
+            env.extend(database_env.iter().cloned());
             env
         })
         .await;
@@ -259,7 +348,56 @@ async fn rabbitmq_relays_killed_and_cut_at_random_lose_nothing_and_effects_apply
         workers: 4,
         ordering: false,
         unroutable_every: 100,
+        max_attempts: MANY_ATTEMPTS,
+        outages: false,
     })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_broker_alarms_and_database_restarts_lose_nothing_and_quarantine_nothing() {
+    rabbitmq_under_chaos(Scenario {
+        name: "rabbitmq, alarms and restarts",
+        // Small enough that the outages, not the volume, set the pace: the
+        // variant, its two private servers included, stays near half a
+        // minute.
+        events: 5_000,
+        aggregates: 100,
+        produce_for: Duration::from_secs(10),
+        chaos_for: Duration::from_secs(15),
+        publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
+        workers: 4,
+        ordering: false,
+        // An unroutable row would rightly be quarantined after its attempts.
+        unroutable_every: 0,
+        // A batch held up by an alarm times out within the publish timeout
+        // and its rows are due again a second or so later: charged for
+        // alarms, rows would reach this many attempts within one alarm.
+        max_attempts: 3,
+        outages: true,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_through_pgbouncer_in_transaction_mode_under_chaos_loses_nothing() {
+    rabbitmq_under_chaos_through(
+        Scenario {
+            name: "rabbitmq through pgbouncer",
+            // Half the main run: the same chaos, a smaller budget.
+            events: 10_000,
+            aggregates: 200,
+            produce_for: Duration::from_secs(15),
+            chaos_for: Duration::from_secs(20),
+            publish_timeout: RABBITMQ_PUBLISH_TIMEOUT,
+            workers: 4,
+            ordering: false,
+            unroutable_every: 100,
+            max_attempts: MANY_ATTEMPTS,
+            outages: false,
+        },
+        true,
+    )
     .await;
 }
 
@@ -278,6 +416,8 @@ async fn rabbitmq_with_aggregate_ordering_first_deliveries_stay_in_order_under_c
         ordering: true,
         // An unroutable row would stall its aggregate until quarantine.
         unroutable_every: 0,
+        max_attempts: MANY_ATTEMPTS,
+        outages: false,
     })
     .await;
 }
@@ -306,6 +446,8 @@ async fn sqs_fifo_with_aggregate_ordering_under_chaos_keeps_group_order_and_appl
         ordering: true,
         // SQS has no routing: every message lands in the queue.
         unroutable_every: 0,
+        max_attempts: MANY_ATTEMPTS,
+        outages: false,
     };
     let mut run = Run::begin(scenario).await;
     let queue = TestQueue::create(true, None).await;

@@ -1,10 +1,12 @@
 //! The producer: the scenario's events, inserted at a steady pace while the
 //! relays run under chaos.
 
-use tokio_postgres::NoTls;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::{Client, NoTls};
 
 use crate::common::TestDb;
-use crate::Scenario;
+use crate::{Scenario, SETTLE};
 
 /// The event type of the rows the broker cannot route (the suite's queue
 /// is bound to `chaos.#`).
@@ -13,7 +15,10 @@ pub const UNROUTABLE: &str = "unrouted.event";
 /// Inserts the scenario's events at a steady pace, as producers would:
 /// aggregate `agg-(n % aggregates)`, and `created_at` strictly increasing
 /// with `n` (1 ms apart), so the order within an aggregate is well defined
-/// and rows are never inserted behind rows already published.
+/// and rows are never inserted behind rows already published. Event `n`
+/// has an id derived from `n`, so a chunk whose commit the producer did
+/// not see (the database restarted) is inserted again, on a new
+/// connection, without doubling any event.
 pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHandle<()> {
     let url = db.url.clone();
     let (events, aggregates, unroutable_every) =
@@ -21,10 +26,7 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
     let chunks = 100_i64;
     let pause = scenario.produce_for / chunks as u32;
     tokio::spawn(async move {
-        let (client, connection) = tokio_postgres::connect(&url, NoTls)
-            .await
-            .expect("producer connects");
-        tokio::spawn(connection);
+        let mut client = producer_connection(&url).await;
         let base: chrono::DateTime<chrono::Utc> = client
             .query_one("SELECT now() - interval '1 hour'", &[])
             .await
@@ -32,22 +34,49 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
             .get(0);
         let per_chunk = (events + chunks - 1) / chunks;
         let mut from = 0;
+        let give_up_at = Instant::now() + SETTLE;
         while from < events {
             let to = (from + per_chunk).min(events) - 1;
-            client
+            let inserted = client
                 .execute(
                     "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
-                     SELECT gen_random_uuid(),
+                     SELECT md5('chaos-' || n)::uuid,
                             CASE WHEN $5::bigint > 0 AND n % $5::bigint = 0 THEN $6 ELSE 'chaos.test' END,
                             'agg-' || (n % $3),
                             jsonb_build_object('n', n), $4::timestamptz + n * interval '1 millisecond'
-                     FROM generate_series($1::bigint, $2::bigint) AS n",
+                     FROM generate_series($1::bigint, $2::bigint) AS n
+                     ON CONFLICT (id) DO NOTHING",
                     &[&from, &to, &aggregates, &base, &unroutable_every, &UNROUTABLE],
                 )
-                .await
-                .expect("produce events");
-            from = to + 1;
-            tokio::time::sleep(pause).await;
+                .await;
+            match inserted {
+                Ok(_) => {
+                    from = to + 1;
+                    tokio::time::sleep(pause).await;
+                }
+                Err(e) => {
+                    assert!(Instant::now() < give_up_at, "the producer cannot insert: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    client = producer_connection(&url).await;
+                }
+            }
         }
     })
+}
+
+/// A connection for the producer, tried again while the database restarts.
+async fn producer_connection(url: &str) -> Client {
+    let give_up_at = Instant::now() + SETTLE;
+    loop {
+        match tokio_postgres::connect(url, NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                return client;
+            }
+            Err(e) => {
+                assert!(Instant::now() < give_up_at, "the producer cannot connect: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
 }

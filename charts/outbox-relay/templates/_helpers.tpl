@@ -150,3 +150,27 @@ relay's own default applies.
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The certificate files of tls.existingSecret: the pod volume and the
+container mount, shared by the Deployment and the migrate Job so that both
+find the files the database URL names. World-readable inside the pod: the
+relay runs as a non-root user the Secret's files would otherwise not be
+readable by, and it is the only process in its container.
+*/}}
+{{- define "outbox-relay.tlsVolume" -}}
+{{- if .Values.tls.existingSecret }}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.existingSecret }}
+    defaultMode: 0444
+{{- end }}
+{{- end }}
+
+{{- define "outbox-relay.tlsMount" -}}
+{{- if .Values.tls.existingSecret }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}

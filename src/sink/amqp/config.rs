@@ -1,9 +1,13 @@
 //! RabbitMQ settings: the broker URL (its password kept out of every log
-//! and error), the exchange and the routing-key template.
+//! and error), the exchange, the routing-key template, and for `amqps://`
+//! the CA and client certificate files.
 
 use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
 
 use crate::config::{var, ConfigError};
+use crate::tls::{self, Trust, Which};
 
 /// RabbitMQ sink settings.
 #[derive(Clone, PartialEq, Eq)]
@@ -17,6 +21,37 @@ pub struct AmqpConfig {
     /// The broker's `max_message_size`: a larger payload is quarantined
     /// without being sent (RabbitMQ would close the channel on it).
     pub max_message_bytes: usize,
+    /// TLS for an `amqps://` URL; `None` for `amqp://`.
+    pub tls: Option<AmqpTls>,
+}
+
+/// How an `amqps://` connection checks the broker and identifies itself.
+#[derive(Clone)]
+pub struct AmqpTls {
+    /// The files it was made from, for equality and logs.
+    files: [Option<String>; 3],
+    /// The rustls configuration: the broker's certificate must chain to the
+    /// CA file (or the system's CAs) and name the URL's host.
+    pub config: Arc<rustls::ClientConfig>,
+}
+
+impl PartialEq for AmqpTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.files == other.files
+    }
+}
+
+impl Eq for AmqpTls {}
+
+impl fmt::Debug for AmqpTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [ca, cert, key] = &self.files;
+        f.debug_struct("AmqpTls")
+            .field("ca_file", ca)
+            .field("client_cert_file", cert)
+            .field("client_key_file", key)
+            .finish()
+    }
 }
 
 impl AmqpConfig {
@@ -33,6 +68,7 @@ impl fmt::Debug for AmqpConfig {
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -79,7 +115,73 @@ impl AmqpConfig {
             exchange: exchange.to_owned(),
             routing_key,
             max_message_bytes,
+            tls: None,
         })
+    }
+
+    /// Reads `OUTBOX_AMQP_CA_FILE`, `OUTBOX_AMQP_CLIENT_CERT_FILE` and
+    /// `OUTBOX_AMQP_CLIENT_KEY_FILE` for an `amqps://` URL: the broker's
+    /// certificate must chain to the CA file (the system's CAs without one)
+    /// and name the URL's host. Files given with a plain `amqp://` URL are
+    /// an error rather than silently unused.
+    pub fn with_tls_files(
+        mut self,
+        ca_file: Option<&str>,
+        cert_file: Option<&str>,
+        key_file: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        let secure = url::Url::parse(&self.url).is_ok_and(|url| url.scheme() == "amqps");
+        if !secure {
+            let given = [
+                (var::AMQP_CA_FILE, ca_file),
+                (var::AMQP_CLIENT_CERT_FILE, cert_file),
+                (var::AMQP_CLIENT_KEY_FILE, key_file),
+            ];
+            if let Some((variable, _)) = given.iter().find(|(_, file)| file.is_some()) {
+                return Err(ConfigError::new(
+                    variable,
+                    format!("is set, but {} is not an amqps:// URL", var::AMQP_URL),
+                ));
+            }
+            return Ok(self);
+        }
+        let roots = match ca_file {
+            Some(path) => tls::read_roots(Path::new(path)),
+            None => tls::system_roots(),
+        }
+        .map_err(|e| ConfigError::new(var::AMQP_CA_FILE, e.0))?;
+        let identity = match (cert_file, key_file) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    var::AMQP_CLIENT_KEY_FILE,
+                    format!("is needed with {}", var::AMQP_CLIENT_CERT_FILE),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    var::AMQP_CLIENT_CERT_FILE,
+                    format!("is needed with {}", var::AMQP_CLIENT_KEY_FILE),
+                ))
+            }
+            (Some(cert), Some(key)) => Some(tls::read_identity(Path::new(cert), Path::new(key)).map_err(
+                |(which, e)| match which {
+                    Which::Cert => ConfigError::new(var::AMQP_CLIENT_CERT_FILE, e.0),
+                    Which::Key => ConfigError::new(var::AMQP_CLIENT_KEY_FILE, e.0),
+                },
+            )?),
+        };
+        let trust = Trust::Chain {
+            roots: Arc::new(roots),
+            check_name: true,
+        };
+        let config = tls::client_config(&trust, identity.as_ref())
+            .map_err(|e| ConfigError::new(var::AMQP_URL, format!("TLS set-up: {e}")))?;
+        self.tls = Some(AmqpTls {
+            files: [ca_file, cert_file, key_file].map(|file| file.map(str::to_owned)),
+            config: Arc::new(config),
+        });
+        Ok(self)
     }
 }
 
@@ -173,6 +275,30 @@ mod tests {
         );
         assert!(RoutingKeyTemplate::parse("{event_type").is_err());
         assert!(RoutingKeyTemplate::parse("a}").is_err());
+    }
+
+    #[test]
+    fn certificate_files_name_their_variable() {
+        let plain =
+            AmqpConfig::parse("amqp://guest:guest@h:5672/%2f", "x", "{event_type}", "16777216").unwrap();
+        let error = plain
+            .clone()
+            .with_tls_files(Some("/x/ca.pem"), None, None)
+            .unwrap_err();
+        assert_eq!(error.variable, "OUTBOX_AMQP_CA_FILE");
+        assert!(plain.with_tls_files(None, None, None).unwrap().tls.is_none());
+        let secure =
+            AmqpConfig::parse("amqps://guest:hunter2@h/%2f", "x", "{event_type}", "16777216").unwrap();
+        let error = secure
+            .clone()
+            .with_tls_files(Some("/x/ca.pem"), None, None)
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "OUTBOX_AMQP_CA_FILE: cannot read /x/ca.pem: No such file or directory"
+        );
+        let error = secure.with_tls_files(None, Some("/x/c.pem"), None).unwrap_err();
+        assert_eq!(error.variable, "OUTBOX_AMQP_CLIENT_KEY_FILE");
     }
 
     #[test]

@@ -27,8 +27,9 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 mod config;
+mod tls;
 
-pub use config::{redact_url, AmqpConfig, RoutingKeyTemplate};
+pub use config::{redact_url, AmqpConfig, AmqpTls, RoutingKeyTemplate};
 
 use super::{Breaker, Outcome, Sink, SinkError};
 use crate::event::Event;
@@ -112,16 +113,20 @@ impl AmqpSink {
     async fn connect(&self) -> Result<Link, SinkError> {
         let properties = ConnectionProperties::default().with_connection_name("outbox-relay".into());
         // lapin's errors carry no credentials, but name the server with the
-        // redacted URL ourselves so the log says where we tried.
+        // redacted URL ourselves so the log says where we tried; a TLS
+        // failure is put in words (unknown CA, expired, name mismatch).
         let unreachable = |e: lapin::Error| {
+            let reason = crate::tls::describe_chain(&e).unwrap_or_else(|| e.to_string());
             SinkError(format!(
-                "RabbitMQ at {} unreachable: {e}",
+                "RabbitMQ at {} unreachable: {reason}",
                 self.config.redacted_url()
             ))
         };
-        let connection = Connection::connect(&self.config.url, properties)
-            .await
-            .map_err(unreachable)?;
+        let connection = match &self.config.tls {
+            None => Connection::connect(&self.config.url, properties).await,
+            Some(tls) => tls::connect(&self.config.url, tls, properties).await,
+        }
+        .map_err(unreachable)?;
         if !self.config.exchange.is_empty() {
             // A passive declare fails on a missing exchange; it closes the
             // channel it runs on, so it gets a throwaway one.

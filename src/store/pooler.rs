@@ -1,0 +1,180 @@
+//! What the database URL points at, and so how statements may be sent.
+//!
+//! Directly at PostgreSQL (or a session-pooling proxy), the relay keeps
+//! named prepared statements per connection and sets its planner settings
+//! once per session. Behind a transaction-pooling proxy (PgBouncer in
+//! transaction mode, RDS Proxy), consecutive transactions of one client
+//! connection run on different server connections: a named statement
+//! prepared on one is missing on the next ("prepared statement s3 does not
+//! exist") or collides with another client's ("already exists"), and a
+//! session `SET` stays behind on a server connection other clients then get.
+//! So in that mode every statement is sent unnamed with its parameter types
+//! (parse, bind and execute in one round trip), and settings are
+//! `set_config(…, true)`, local to the one transaction that needs them.
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Row, RowStream};
+
+/// `OUTBOX_DATABASE_POOLER`: what kind of connection pooler, if any, the
+/// database URL goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// A direct connection (or a session pooler): prepared statements are
+    /// cached per connection, planner settings are set per session.
+    #[default]
+    None,
+    /// A transaction-pooling proxy: no named prepared statements, no
+    /// session settings, no session advisory locks, no LISTEN.
+    Transaction,
+}
+
+/// A parameter with its PostgreSQL type, as unnamed statements need them.
+pub type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// A connection or transaction to run statements on, in the pooler mode's
+/// way.
+pub(super) struct Session<'c, 't> {
+    pooler: Pooler,
+    on: On<'c, 't>,
+}
+
+enum On<'c, 't> {
+    Client(&'c deadpool_postgres::Object),
+    Transaction(&'c deadpool_postgres::Transaction<'t>),
+}
+
+impl<'c> Session<'c, 'static> {
+    /// Statements on a pooled connection, each in its own implicit
+    /// transaction.
+    pub(super) fn client(pooler: Pooler, client: &'c deadpool_postgres::Object) -> Self {
+        Self {
+            pooler,
+            on: On::Client(client),
+        }
+    }
+}
+
+impl<'c, 't> Session<'c, 't> {
+    /// Statements inside `tx`.
+    pub(super) fn transaction(pooler: Pooler, tx: &'c deadpool_postgres::Transaction<'t>) -> Self {
+        Self {
+            pooler,
+            on: On::Transaction(tx),
+        }
+    }
+
+    /// The rows `sql` returns.
+    pub(super) async fn query(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match self.pooler {
+            Pooler::None => {
+                let (types, values) = split(params);
+                match self.on {
+                    On::Client(client) => {
+                        let statement = client.prepare_typed_cached(sql, &types).await?;
+                        client.query(&statement, &values).await
+                    }
+                    On::Transaction(tx) => {
+                        let statement = tx.prepare_typed_cached(sql, &types).await?;
+                        tx.query(&statement, &values).await
+                    }
+                }
+            }
+            Pooler::Transaction => match self.on {
+                On::Client(client) => client.query_typed(sql, params).await,
+                On::Transaction(tx) => tx.query_typed(sql, params).await,
+            },
+        }
+    }
+
+    /// The one row `sql` returns (an error if it returns another number).
+    pub(super) async fn query_one(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Row, tokio_postgres::Error> {
+        match self.pooler {
+            Pooler::None => {
+                let (types, values) = split(params);
+                match self.on {
+                    On::Client(client) => {
+                        let statement = client.prepare_typed_cached(sql, &types).await?;
+                        client.query_one(&statement, &values).await
+                    }
+                    On::Transaction(tx) => {
+                        let statement = tx.prepare_typed_cached(sql, &types).await?;
+                        tx.query_one(&statement, &values).await
+                    }
+                }
+            }
+            Pooler::Transaction => match self.on {
+                On::Client(client) => client.query_typed_one(sql, params).await,
+                On::Transaction(tx) => tx.query_typed_one(sql, params).await,
+            },
+        }
+    }
+
+    /// The rows `sql` returns, as they arrive: for results too long to
+    /// hold in memory.
+    pub(super) async fn query_stream(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<RowStream, tokio_postgres::Error> {
+        let typed = params.iter().map(|(value, ty)| (*value, ty.clone()));
+        match self.pooler {
+            Pooler::None => {
+                let (types, values) = split(params);
+                match self.on {
+                    On::Client(client) => {
+                        let statement = client.prepare_typed_cached(sql, &types).await?;
+                        client.query_raw(&statement, values).await
+                    }
+                    On::Transaction(tx) => {
+                        let statement = tx.prepare_typed_cached(sql, &types).await?;
+                        tx.query_raw(&statement, values).await
+                    }
+                }
+            }
+            Pooler::Transaction => match self.on {
+                On::Client(client) => client.query_typed_raw(sql, typed).await,
+                On::Transaction(tx) => tx.query_typed_raw(sql, typed).await,
+            },
+        }
+    }
+
+    /// The number of rows `sql` changed.
+    pub(super) async fn execute(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64, tokio_postgres::Error> {
+        match self.pooler {
+            Pooler::None => {
+                let (types, values) = split(params);
+                match self.on {
+                    On::Client(client) => {
+                        let statement = client.prepare_typed_cached(sql, &types).await?;
+                        client.execute(&statement, &values).await
+                    }
+                    On::Transaction(tx) => {
+                        let statement = tx.prepare_typed_cached(sql, &types).await?;
+                        tx.execute(&statement, &values).await
+                    }
+                }
+            }
+            Pooler::Transaction => match self.on {
+                On::Client(client) => client.execute_typed(sql, params).await,
+                On::Transaction(tx) => tx.execute_typed(sql, params).await,
+            },
+        }
+    }
+}
+
+/// The types to prepare a statement with, and the values to run it with.
+fn split<'a>(params: &[Param<'a>]) -> (Vec<Type>, Vec<&'a (dyn ToSql + Sync)>) {
+    params.iter().map(|(value, ty)| (ty.clone(), *value)).unzip()
+}
