@@ -1,14 +1,16 @@
 //! The queries of the operator commands and the maintenance tasks: backlog
-//! gauges, `status`, `quarantine list/release`, `replay` and retention.
+//! gauges (computed by one replica at a time, read by the others), `status`, `quarantine list/release`, `replay` and retention.
 //!
 //! Each runs in a short transaction that first bounds its statements on the
 //! server (`sql/set_local_timeouts.sql`), and the whole exchange is bounded
 //! on the client too: a statement the client gave up on must not go on
 //! running on a pooled connection the relay uses next.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
@@ -29,18 +31,69 @@ pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// so the server's cancellation (with its clear error) normally wins.
 const CLIENT_SLACK: Duration = Duration::from_secs(2);
 
+/// Counting stops after this many index entries: an index-only scan of
+/// this length takes tens of milliseconds, where a full count of a
+/// 10-million-row backlog takes seconds and would soon exceed
+/// [`READ_TIMEOUT`]. Past it the planner's estimate is reported.
+pub const COUNT_CAP: i64 = 100_000;
+
+/// The stuck-aggregate count looks at this many of the oldest pending rows
+/// and as many of the oldest quarantined rows (a heap read and an index
+/// probe for each candidate).
+pub const STUCK_SCAN: i64 = 10_000;
+
 /// The backlog as the gauges and `status` report it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backlog {
+    /// Now minus the oldest unpublished, unquarantined row's `created_at`,
+    /// in seconds; 0 when none. Always exact.
+    pub oldest_unpublished_age_seconds: f64,
+    /// The counts, each exact or bounded.
+    pub counts: BacklogCounts,
+}
+
+/// The backlog's counts. Each is exact when its flag says so; otherwise
+/// it is bounded (see `sql/backlog.sql`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BacklogCounts {
     /// Rows not yet published and not quarantined, due or backing off.
     pub unpublished: i64,
-    /// Now minus the oldest such row's `created_at`, in seconds; 0 when none.
-    pub oldest_unpublished_age_seconds: f64,
+    /// False past [`COUNT_CAP`]: then PostgreSQL's estimate, at least the cap.
+    pub unpublished_exact: bool,
     /// Quarantined rows waiting for an operator.
     pub quarantined: i64,
+    /// False past [`COUNT_CAP`]: then PostgreSQL's estimate, at least the cap.
+    pub quarantined_exact: bool,
     /// Aggregates whose oldest unpublished row has failed or is quarantined:
     /// held back under `OUTBOX_ORDERING=aggregate`.
     pub stuck_aggregates: i64,
+    /// False when the scan stopped at [`STUCK_SCAN`] rows: then a lower bound.
+    pub stuck_aggregates_exact: bool,
+}
+
+/// One gauge refresh, as [`Store::refresh_gauges`] read or computed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GaugeReading {
+    /// Exact, computed by this refresh whoever computed the counts.
+    pub oldest_unpublished_age_seconds: f64,
+    /// The counts and the Unix time (database clock) they were computed at;
+    /// `None` while no replica has stored any yet.
+    pub counts: Option<(BacklogCounts, f64)>,
+    /// Whether this refresh computed the counts (held the gauges lock and
+    /// found them older than asked), rather than reading stored ones.
+    pub computed: bool,
+}
+
+/// A count that stopped at `cap`: exact below it, else the estimate, and
+/// never less than what was counted.
+fn bounded(counted: i64, cap: i64, estimate: Option<f64>) -> (i64, bool) {
+    if counted < cap {
+        return (counted, true);
+    }
+    // reltuples is -1 (or 0 on old servers) before the first VACUUM or
+    // ANALYZE; the saturating float-to-int conversion keeps any value sane.
+    let estimate = estimate.map_or(0, |value| value.round() as i64);
+    (counted.max(estimate), false)
 }
 
 /// One quarantined row, as `quarantine list` shows it.
@@ -58,6 +111,53 @@ pub struct QuarantinedRow {
     pub quarantined_at: DateTime<Utc>,
 }
 
+/// Where a page of `quarantine list` starts: after this row, in
+/// `(quarantined_at, id)` order. Written `<quarantined_at>,<id>`, the
+/// timestamp in RFC 3339 with microseconds (PostgreSQL's precision, so the
+/// key round-trips exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantineCursor {
+    /// The last row's `quarantined_at`.
+    pub quarantined_at: DateTime<Utc>,
+    /// The last row's id.
+    pub id: Uuid,
+}
+
+impl QuarantineCursor {
+    /// The cursor that continues after `row`.
+    pub fn after(row: &QuarantinedRow) -> Self {
+        Self {
+            quarantined_at: row.quarantined_at,
+            id: row.id,
+        }
+    }
+}
+
+impl std::fmt::Display for QuarantineCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self
+            .quarantined_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        write!(f, "{at},{}", self.id)
+    }
+}
+
+impl std::str::FromStr for QuarantineCursor {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let shape = "expected <quarantined_at>,<id> as printed for the next page";
+        let (at, id) = raw.trim().rsplit_once(',').ok_or_else(|| shape.to_owned())?;
+        let quarantined_at = DateTime::parse_from_rfc3339(at)
+            .map_err(|e| format!("'{at}' is not an RFC 3339 time ({e}); {shape}"))?
+            .with_timezone(&Utc);
+        let id = id
+            .parse()
+            .map_err(|e| format!("'{id}' is not a UUID ({e}); {shape}"))?;
+        Ok(Self { quarantined_at, id })
+    }
+}
+
 /// What one retention batch did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetentionBatch {
@@ -70,6 +170,8 @@ pub enum RetentionBatch {
 /// The statements of this module, rendered for one table.
 struct AdminStatements {
     backlog: String,
+    gauges_read: String,
+    gauges_store: String,
     published_since: String,
     list_quarantined: String,
     release_quarantined: String,
@@ -83,9 +185,12 @@ impl AdminStatements {
     // `Store` struct unchanged, and the statement cache keys on the text anyway.
     fn for_table(table: &TableName) -> Self {
         let quoted = table.quoted();
-        let render = |sql: &str| sql.replace("{table}", &quoted);
+        let gauges = table.beside(super::migrate::GAUGES_TABLE);
+        let render = |sql: &str| sql.replace("{table}", &quoted).replace("{gauges_table}", &gauges);
         Self {
             backlog: render(include_str!("sql/backlog.sql")),
+            gauges_read: render(include_str!("sql/gauges_read.sql")),
+            gauges_store: render(include_str!("sql/gauges_store.sql")),
             published_since: render(include_str!("sql/published_since.sql")),
             list_quarantined: render(include_str!("sql/list_quarantined.sql")),
             release_quarantined: render(include_str!("sql/release_quarantined.sql")),
@@ -98,6 +203,8 @@ impl AdminStatements {
 
 const SET_LOCAL_TIMEOUTS: &str = include_str!("sql/set_local_timeouts.sql");
 const RETENTION_LOCK: &str = include_str!("sql/retention_lock.sql");
+const GAUGES_LOCK: &str = include_str!("sql/gauges_lock.sql");
+const SET_LOCAL_INDEX_SCANS: &str = include_str!("sql/set_local_index_scans.sql");
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
@@ -113,6 +220,19 @@ async fn within<T>(
     tokio::time::timeout(limit, work)
         .await
         .unwrap_or(Err(StoreError::Timeout(limit)))
+}
+
+/// Like [`begin`], for the backlog statements: index scans only (see
+/// `sql/set_local_index_scans.sql`).
+async fn begin_backlog(
+    client: &mut deadpool_postgres::Object,
+    pooler: Pooler,
+) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
+    let tx = begin(client, pooler, READ_TIMEOUT).await?;
+    Session::transaction(pooler, &tx)
+        .query_one(SET_LOCAL_INDEX_SCANS, &[])
+        .await?;
+    Ok(tx)
 }
 
 /// Starts a transaction whose statements the server cancels after `timeout`.
@@ -133,22 +253,120 @@ impl Store {
         AdminStatements::for_table(&self.table)
     }
 
-    /// The backlog gauges: one statement, each part served by a partial
-    /// index (see `sql/backlog.sql`).
+    /// The backlog, computed now at a bounded cost: one statement, each part
+    /// served by a partial index (see `sql/backlog.sql`).
     pub async fn backlog(&self) -> Result<Backlog, StoreError> {
         let sql = self.admin_sql().backlog;
         within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
-            let row = Session::transaction(self.pooler, &tx)
-                .query_one(&sql, &[])
+            let tx = begin_backlog(&mut client, self.pooler).await?;
+            let backlog = self
+                .compute_backlog(&Session::transaction(self.pooler, &tx), &sql)
                 .await?;
             tx.commit().await?;
-            Ok(Backlog {
-                unpublished: row.get(0),
-                oldest_unpublished_age_seconds: row.get(1),
-                quarantined: row.get(2),
-                stuck_aggregates: row.get(3),
+            Ok(backlog)
+        })
+        .await
+    }
+
+    async fn compute_backlog(&self, session: &Session<'_, '_>, sql: &str) -> Result<Backlog, StoreError> {
+        let pending_index = self.table.qualified_derived("pending_idx");
+        let quarantined_index = self.table.qualified_derived("quarantined_idx");
+        let row = session
+            .query_one(
+                sql,
+                &[
+                    (&COUNT_CAP, Type::INT8),
+                    (&STUCK_SCAN, Type::INT8),
+                    (&pending_index, Type::TEXT),
+                    (&quarantined_index, Type::TEXT),
+                ],
+            )
+            .await?;
+        let (unpublished, unpublished_exact) = bounded(row.get(1), COUNT_CAP, row.get(2));
+        let (quarantined, quarantined_exact) = bounded(row.get(3), COUNT_CAP, row.get(4));
+        let (pending_scanned, quarantined_scanned): (i64, i64) = (row.get(5), row.get(7));
+        Ok(Backlog {
+            oldest_unpublished_age_seconds: row.get(0),
+            counts: BacklogCounts {
+                unpublished,
+                unpublished_exact,
+                quarantined,
+                quarantined_exact,
+                stuck_aggregates: row.get(6),
+                stuck_aggregates_exact: pending_scanned < STUCK_SCAN && quarantined_scanned < STUCK_SCAN,
+            },
+        })
+    }
+
+    /// One gauge refresh: the oldest age, computed here, and the counts,
+    /// computed here only if this replica holds the table's gauges lock and
+    /// the stored counts are older than `max_age` (or missing); otherwise
+    /// the stored ones. So however many replicas refresh, the counting runs
+    /// once per `max_age` at most, and never twice at the same time.
+    pub async fn refresh_gauges(&self, max_age: Duration) -> Result<GaugeReading, StoreError> {
+        let sql = self.admin_sql();
+        let table = self.table.quoted();
+        let key = self.table.name().to_owned();
+        within(READ_TIMEOUT, async {
+            let mut client = self.pool.get().await?;
+            let tx = begin_backlog(&mut client, self.pooler).await?;
+            let session = Session::transaction(self.pooler, &tx);
+            // The lock before the read: the read's snapshot then includes
+            // whatever the previous holder stored and committed.
+            let locked: bool = session
+                .query_one(GAUGES_LOCK, &[(&table, Type::TEXT)])
+                .await?
+                .get(0);
+            let row = session
+                .query_one(
+                    &sql.gauges_read,
+                    &[(&key, Type::TEXT), (&millis(max_age), Type::INT8)],
+                )
+                .await?;
+            let oldest_unpublished_age_seconds: f64 = row.get(0);
+            let stored = row.get::<_, Option<i64>>(1).map(|unpublished| {
+                let counts = BacklogCounts {
+                    unpublished,
+                    unpublished_exact: row.get(2),
+                    quarantined: row.get(3),
+                    quarantined_exact: row.get(4),
+                    stuck_aggregates: row.get(5),
+                    stuck_aggregates_exact: row.get(6),
+                };
+                (counts, row.get::<_, f64>(7))
+            });
+            let fresh = row.get::<_, Option<bool>>(8).unwrap_or(false);
+            if !locked || fresh {
+                tx.commit().await?;
+                return Ok(GaugeReading {
+                    oldest_unpublished_age_seconds,
+                    counts: stored,
+                    computed: false,
+                });
+            }
+            let backlog = self.compute_backlog(&session, &sql.backlog).await?;
+            let c = backlog.counts;
+            let refreshed_at: f64 = session
+                .query_one(
+                    &sql.gauges_store,
+                    &[
+                        (&key, Type::TEXT),
+                        (&c.unpublished, Type::INT8),
+                        (&c.unpublished_exact, Type::BOOL),
+                        (&c.quarantined, Type::INT8),
+                        (&c.quarantined_exact, Type::BOOL),
+                        (&c.stuck_aggregates, Type::INT8),
+                        (&c.stuck_aggregates_exact, Type::BOOL),
+                    ],
+                )
+                .await?
+                .get(0);
+            tx.commit().await?;
+            Ok(GaugeReading {
+                oldest_unpublished_age_seconds: backlog.oldest_unpublished_age_seconds,
+                counts: Some((c, refreshed_at)),
+                computed: true,
             })
         })
         .await
@@ -169,24 +387,54 @@ impl Store {
         .await
     }
 
-    /// Every quarantined row, oldest quarantine first.
-    pub async fn quarantined_rows(&self) -> Result<Vec<QuarantinedRow>, StoreError> {
+    /// Up to `limit` quarantined rows after `after` (from the first when
+    /// `None`), oldest quarantine first, handed to `each` as they arrive
+    /// from the server, so a long page is never held in memory. `each`
+    /// may stop taking rows (`ControlFlow::Break`, e.g. when the reader went
+    /// away). Returns how many rows `each` took.
+    pub async fn quarantined_rows(
+        &self,
+        after: Option<QuarantineCursor>,
+        limit: i64,
+        mut each: impl FnMut(QuarantinedRow) -> ControlFlow<()>,
+    ) -> Result<u64, StoreError> {
         let sql = self.admin_sql().list_quarantined;
+        let at = after.map(|cursor| cursor.quarantined_at);
+        let id = after.map(|cursor| cursor.id);
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
             let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
-            let rows = Session::transaction(self.pooler, &tx).query(&sql, &[]).await?;
-            tx.commit().await?;
-            Ok(rows
-                .iter()
-                .map(|row| QuarantinedRow {
+            let mut rows = Box::pin(
+                Session::transaction(self.pooler, &tx)
+                    .query_stream(
+                        &sql,
+                        &[(&at, Type::TIMESTAMPTZ), (&id, Type::UUID), (&limit, Type::INT8)],
+                    )
+                    .await?,
+            );
+            let mut taken = 0;
+            let mut stopped = false;
+            while let Some(row) = rows.try_next().await? {
+                if stopped {
+                    // The rest of the page is read and discarded. Dropping
+                    // a half-read stream and committing left the commit
+                    // unanswered until the timeout (seen with `| head`),
+                    // and the page is bounded by `limit` anyway.
+                    continue;
+                }
+                taken += 1;
+                let row = QuarantinedRow {
                     id: row.get(0),
                     event_type: row.get(1),
                     attempt_count: row.get(2),
                     last_error: row.get(3),
                     quarantined_at: row.get(4),
-                })
-                .collect())
+                };
+                stopped = each(row).is_break();
+            }
+            drop(rows);
+            tx.commit().await?;
+            Ok(taken)
         })
         .await
     }
@@ -275,5 +523,56 @@ impl Store {
             Ok(changed)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_exact_below_the_cap_and_estimated_at_it() {
+        assert_eq!(bounded(0, 100, Some(-1.0)), (0, true));
+        assert_eq!(
+            bounded(99, 100, Some(5_000.0)),
+            (99, true),
+            "the estimate is ignored below the cap"
+        );
+        assert_eq!(bounded(100, 100, Some(5_000.4)), (5_000, false));
+        assert_eq!(
+            bounded(100, 100, Some(-1.0)),
+            (100, false),
+            "never analyzed: at least the cap"
+        );
+        assert_eq!(
+            bounded(100, 100, Some(40.0)),
+            (100, false),
+            "a stale estimate never lowers the count"
+        );
+        assert_eq!(bounded(100, 100, None), (100, false), "no such index");
+    }
+
+    #[test]
+    fn a_cursor_round_trips_at_microseconds() {
+        let raw = "2026-11-30T00:30:01.103735Z,97ab5326-d7fc-4f02-925e-40d477063bdc";
+        let cursor: QuarantineCursor = raw.parse().unwrap();
+        assert_eq!(cursor.to_string(), raw);
+        assert_eq!(cursor.quarantined_at.timestamp_subsec_micros(), 103_735);
+        let offset: QuarantineCursor = "2026-11-30T01:30:01+01:00,97ab5326-d7fc-4f02-925e-40d477063bdc"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            offset.to_string(),
+            "2026-11-30T00:30:01.000000Z,97ab5326-d7fc-4f02-925e-40d477063bdc"
+        );
+        for bad in [
+            "",
+            "2026-11-30T00:30:01Z",
+            "97ab5326-d7fc-4f02-925e-40d477063bdc",
+            "yesterday,97ab5326-d7fc-4f02-925e-40d477063bdc",
+            "2026-11-30T00:30:01Z,nope",
+        ] {
+            assert!(bad.parse::<QuarantineCursor>().is_err(), "{bad:?} accepted");
+        }
     }
 }

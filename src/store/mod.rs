@@ -19,7 +19,10 @@ use uuid::Uuid;
 
 use crate::event::Event;
 
-pub use admin::{Backlog, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
+pub use admin::{
+    Backlog, BacklogCounts, GaugeReading, QuarantineCursor, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT,
+    COUNT_CAP, READ_TIMEOUT, STUCK_SCAN,
+};
 pub use columns::{
     check_columns, check_table, report as report_table_check, Column, Finding, Severity, UnusableTable,
 };

@@ -13,7 +13,7 @@
 //! `set_config(…, true)`, local to the one transaction that needs them.
 
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Row, RowStream};
 
 /// `OUTBOX_DATABASE_POOLER`: what kind of connection pooler, if any, the
 /// database URL goes through.
@@ -103,6 +103,35 @@ impl<'c, 't> Session<'c, 't> {
         params: &[Param<'_>],
     ) -> Result<Row, tokio_postgres::Error> {
         run!(self, sql, params, query_one, query_typed_one)
+    }
+
+    /// The rows `sql` returns, as they arrive: for results too long to
+    /// hold in memory.
+    pub(super) async fn query_stream(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<RowStream, tokio_postgres::Error> {
+        let typed = params.iter().map(|(value, ty)| (*value, ty.clone()));
+        match self.pooler {
+            Pooler::None => {
+                let (types, values) = split(params);
+                match self.on {
+                    On::Client(client) => {
+                        let statement = client.prepare_typed_cached(sql, &types).await?;
+                        client.query_raw(&statement, values).await
+                    }
+                    On::Transaction(tx) => {
+                        let statement = tx.prepare_typed_cached(sql, &types).await?;
+                        tx.query_raw(&statement, values).await
+                    }
+                }
+            }
+            Pooler::Transaction => match self.on {
+                On::Client(client) => client.query_typed_raw(sql, typed).await,
+                On::Transaction(tx) => tx.query_typed_raw(sql, typed).await,
+            },
+        }
     }
 
     /// The number of rows `sql` changed.
