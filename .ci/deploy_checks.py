@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "outbox-relay"
 RULES_FILE = CHART / "files" / "outbox-relay.rules.yml"
 AGE_ALERT = "OutboxOldestUnpublishedAgeHigh"
-ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxPublishFailuresHigh"}
+ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxPublishFailuresHigh", "OutboxGaugesStale"}
 
 # The relay's environment variables (README, "Configuration"). The chart, the compose file and this list must agree.
 SPEC_VARS = [
@@ -57,6 +57,7 @@ SPEC_METRICS = {
     "outbox_quarantined_events", "outbox_events_published_total",
     "outbox_publish_failures_total", "outbox_events_quarantined_total",
     "outbox_publish_lag_seconds", "outbox_retention_deleted_total",
+    "outbox_gauges_refreshed_timestamp_seconds",
 }
 # A URL with a password: never a plain value in a manifest.
 PASSWORD_IN_URL = re.compile(r"://[^/@\s:]+:[^/@\s]+@")

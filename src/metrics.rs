@@ -28,6 +28,8 @@ pub struct Metrics {
     pub quarantined: Gauge,
     /// Aggregates whose oldest unpublished row has failed or is quarantined.
     pub stuck_aggregates: Gauge,
+    /// Unix time (database clock) at which the counts shown were computed.
+    pub gauges_refreshed: Gauge<f64, AtomicU64>,
     /// Confirmed publishes.
     pub published_total: Counter,
     /// Failed attempts.
@@ -58,6 +60,7 @@ impl Metrics {
             oldest_unpublished_age: Gauge::default(),
             quarantined: Gauge::default(),
             stuck_aggregates: Gauge::default(),
+            gauges_refreshed: Gauge::default(),
             published_total: Counter::default(),
             publish_failures_total: Counter::default(),
             quarantined_total: Counter::default(),
@@ -71,23 +74,34 @@ impl Metrics {
         // ones without those suffixes.
         registry.register(
             "outbox_unpublished_events",
-            "Rows not yet published and not quarantined",
+            "Rows not yet published and not quarantined: exact up to 100000; above that PostgreSQL's estimate \
+             (the pending index's entries at its last VACUUM or ANALYZE), never below 100000",
             metrics.unpublished.clone(),
         );
         registry.register(
             "outbox_oldest_unpublished_age_seconds",
-            "Now minus the created_at of the oldest unpublished, unquarantined row; 0 when none",
+            "Now minus the created_at of the oldest unpublished, unquarantined row; 0 when none. Exact, \
+             computed by this replica on every refresh",
             metrics.oldest_unpublished_age.clone(),
         );
         registry.register(
             "outbox_quarantined_events",
-            "Quarantined rows waiting for an operator",
+            "Quarantined rows waiting for an operator: exact up to 100000; above that PostgreSQL's estimate, \
+             never below 100000",
             metrics.quarantined.clone(),
         );
         registry.register(
             "outbox_stuck_aggregates",
-            "Aggregates whose oldest unpublished row has failed or is quarantined (held back with OUTBOX_ORDERING=aggregate)",
+            "Aggregates whose oldest unpublished row has failed or is quarantined (held back with \
+             OUTBOX_ORDERING=aggregate), counted among the 10000 oldest pending and the 10000 oldest quarantined \
+             rows: at least this many, exact while there are fewer rows",
             metrics.stuck_aggregates.clone(),
+        );
+        registry.register(
+            "outbox_gauges_refreshed_timestamp_seconds",
+            "Unix time (database clock) at which the table gauges this replica shows were computed, by it or \
+             by the replica whose stored values it read; stops advancing while refreshes fail",
+            metrics.gauges_refreshed.clone(),
         );
         registry.register(
             "outbox_events_published",
@@ -150,11 +164,28 @@ mod tests {
             "outbox_events_quarantined_total ",
             "outbox_publish_lag_seconds_bucket",
             "outbox_retention_deleted_total ",
+            "outbox_gauges_refreshed_timestamp_seconds ",
             "outbox_relay_last_progress_timestamp_seconds ",
             "# TYPE outbox_publish_lag_seconds histogram",
             "# TYPE outbox_events_published counter",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_help_states_the_bounds_in_force() {
+        let text = Metrics::new().render();
+        let help = |name: &str| {
+            text.lines()
+                .find(|line| line.starts_with(&format!("# HELP {name} ")))
+                .unwrap_or_else(|| panic!("no help for {name}"))
+                .to_owned()
+        };
+        let cap = crate::store::COUNT_CAP.to_string();
+        assert!(help("outbox_unpublished_events").contains(&cap));
+        assert!(help("outbox_quarantined_events").contains(&cap));
+        let scan = crate::store::STUCK_SCAN.to_string();
+        assert!(help("outbox_stuck_aggregates").contains(&scan));
     }
 }

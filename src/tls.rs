@@ -227,6 +227,35 @@ pub fn client_config(trust: &Trust, identity: Option<&Identity>) -> Result<Clien
     }
 }
 
+/// The handshake-signature half of a [`ServerCertVerifier`], the same for
+/// every verifier here: whatever a verifier decides about the certificate,
+/// the peer must prove it holds the certificate's key.
+macro_rules! handshake_signatures {
+    ($self:ident => $provider:expr) => {
+        fn verify_tls12_signature(
+            &$self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls12_signature(message, cert, dss, &$provider.signature_verification_algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &$self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls13_signature(message, cert, dss, &$provider.signature_verification_algorithms)
+        }
+
+        fn supported_verify_schemes(&$self) -> Vec<SignatureScheme> {
+            $provider.signature_verification_algorithms.supported_schemes()
+        }
+    };
+}
+
 /// Encryption without authentication: what libpq's `require` does without
 /// a CA. The handshake signature is still checked, so the peer holds the
 /// key of the certificate it sent.
@@ -245,27 +274,7 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+    handshake_signatures!(self => &self.0);
 }
 
 /// libpq's `verify-ca`: the chain must end at a trusted CA and be valid
@@ -297,39 +306,7 @@ impl ServerCertVerifier for ChainOnly {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    handshake_signatures!(self => &self.provider);
 }
 
 /// The TLS error of `error` itself (not its causes), if it is one: rustls

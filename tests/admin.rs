@@ -92,10 +92,16 @@ async fn status_json_reports_the_backlog() {
             "oldest_unpublished_age_seconds",
             "quarantined",
             "published_last_hour",
-            "stuck_aggregates"
+            "stuck_aggregates",
+            "unpublished_exact",
+            "quarantined_exact",
+            "stuck_aggregates_exact"
         ]),
         "the documented shape"
     );
+    for exact in ["unpublished_exact", "quarantined_exact", "stuck_aggregates_exact"] {
+        assert_eq!(status[exact], true, "small counts are exact; {status}");
+    }
     assert_eq!(status["unpublished"], 6, "due, backing off and old; {status}");
     assert_eq!(status["quarantined"], 2, "{status}");
     assert_eq!(status["published_last_hour"], 4, "{status}");
@@ -148,7 +154,10 @@ async fn status_of_an_empty_table_is_all_zero() {
             "oldest_unpublished_age_seconds": 0.0,
             "quarantined": 0,
             "published_last_hour": 0,
-            "stuck_aggregates": 0
+            "stuck_aggregates": 0,
+            "unpublished_exact": true,
+            "quarantined_exact": true,
+            "stuck_aggregates_exact": true
         })
     );
     let out = run(&db, &["status"]);
@@ -244,6 +253,204 @@ async fn quarantine_list_shows_each_quarantined_row() {
         );
     }
     assert_eq!(lines[4], "3 rows quarantined in outbox_event");
+}
+
+/// `count` quarantined rows, three quarantined at each instant (as one
+/// quarantine statement stamps its batch), so pages also split ties.
+async fn quarantine(db: &TestDb, count: i64) -> Vec<Uuid> {
+    db.client
+        .query(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, attempt_count,
+                                       last_error, quarantined_at)
+             SELECT gen_random_uuid(), 'order.created', 'agg-' || g, '{}'::jsonb, 10,
+                    'gave up after 10 attempts: nack', now() - (g / 3) * interval '1 second'
+             FROM generate_series(1, $1::bigint) AS g
+             RETURNING id",
+            &[&count],
+        )
+        .await
+        .expect("insert quarantined rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// The next-page command printed on stderr, if any.
+fn next_page(out: &Output) -> Option<Vec<String>> {
+    let err = stderr(out);
+    let command = err
+        .lines()
+        .find_map(|line| line.split_once("next page: outbox-relay ").map(|(_, c)| c))?;
+    Some(command.split_whitespace().map(str::to_owned).collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_list_pages_cover_every_row_exactly_once() {
+    let db = TestDb::migrated().await;
+    let quarantined: HashSet<Uuid> = quarantine(&db, 25).await.into_iter().collect();
+    Rows::pending(4).insert(&db).await;
+
+    // Text: follow the printed next-page commands to the end.
+    let mut seen = Vec::new();
+    let mut args: Vec<String> = ["quarantine", "list", "--limit", "10"]
+        .map(str::to_owned)
+        .to_vec();
+    let mut pages = 0;
+    loop {
+        let out = run(&db, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_exit(&out, 0);
+        pages += 1;
+        let text = stdout(&out);
+        let rows: Vec<Uuid> = text
+            .lines()
+            .filter_map(|line| line.get(..36)?.parse().ok())
+            .collect();
+        seen.extend(rows.iter().copied());
+        match next_page(&out) {
+            Some(next) => {
+                assert_eq!(rows.len(), 10, "a full page points to the next:\n{text}");
+                assert!(
+                    text.ends_with("10 rows quarantined in outbox_event on this page\n"),
+                    "{text}"
+                );
+                args = next;
+            }
+            None => {
+                assert!(rows.len() < 10, "only a short page is the last:\n{text}");
+                break;
+            }
+        }
+        assert!(pages < 10, "paging ends");
+    }
+    assert_eq!(pages, 3, "10 + 10 + 5");
+    assert_eq!(seen.len(), 25, "no row twice: {seen:?}");
+    assert_eq!(seen.iter().copied().collect::<HashSet<_>>(), quarantined);
+
+    // JSON: one valid array per page, continued from its last element.
+    let mut listed: Vec<serde_json::Value> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["quarantine", "list", "--json", "--limit", "7"];
+        if let Some(after) = &after {
+            args.extend(["--after", after.as_str()]);
+        }
+        let out = run(&db, &args);
+        assert!(next_page(&out).is_none(), "stdout is only JSON, stderr quiet");
+        let page = json(&out);
+        let page = page.as_array().expect("an array").clone();
+        assert!(page.len() <= 7);
+        let Some(last) = page.last() else { break };
+        after = Some(format!(
+            "{},{}",
+            last["quarantined_at"].as_str().expect("a time"),
+            last["id"].as_str().expect("an id")
+        ));
+        listed.extend(page);
+    }
+    let ids: Vec<Uuid> = listed
+        .iter()
+        .map(|item| item["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids, seen, "the same rows in the same order as the text pages");
+    let keys: Vec<(String, Uuid)> = listed
+        .iter()
+        .zip(&ids)
+        .map(|(item, id)| (item["quarantined_at"].as_str().unwrap().to_owned(), *id))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted, "oldest quarantine first, ties by id");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_list_limit_bounds_the_page() {
+    let db = TestDb::migrated().await;
+    quarantine(&db, 150).await;
+
+    let default = json(&run(&db, &["quarantine", "list", "--json"]));
+    assert_eq!(default.as_array().expect("an array").len(), 100, "100 by default");
+    let out = run(&db, &["quarantine", "list"]);
+    assert_exit(&out, 0);
+    assert_eq!(stdout(&out).lines().count(), 102, "header, 100 rows, total");
+    assert!(next_page(&out).is_some_and(|next| next.contains(&"100".to_owned())));
+
+    let one = json(&run(&db, &["quarantine", "list", "--json", "--limit", "1"]));
+    assert_eq!(one.as_array().expect("an array").len(), 1);
+    let all = json(&run(&db, &["quarantine", "list", "--json", "--limit", "1000"]));
+    assert_eq!(all.as_array().expect("an array").len(), 150);
+
+    // A page after the last row is empty, and still valid JSON.
+    let last = &all[149];
+    let after = format!(
+        "{},{}",
+        last["quarantined_at"].as_str().unwrap(),
+        last["id"].as_str().unwrap()
+    );
+    assert_eq!(
+        json(&run(&db, &["quarantine", "list", "--json", "--after", &after])),
+        serde_json::json!([])
+    );
+    let out = run(&db, &["quarantine", "list", "--after", &after]);
+    assert_exit(&out, 0);
+    assert_eq!(
+        stdout(&out),
+        format!("no quarantined rows in outbox_event after {after}\n")
+    );
+
+    for bad in [
+        vec!["quarantine", "list", "--limit", "0"],
+        vec!["quarantine", "list", "--limit", "many"],
+        vec!["quarantine", "list", "--after", "yesterday"],
+        vec!["quarantine", "list", "--after", "2026-11-30T00:30:01Z"],
+    ] {
+        let out = run(&db, &bad);
+        assert_exit(&out, 2);
+        assert!(stdout(&out).is_empty(), "{bad:?}");
+    }
+}
+
+/// `quarantine list --json | head`: the reader leaves after the first
+/// bytes of a page longer than the pipe holds; the command ends at once,
+/// successfully, instead of waiting on the rows it no longer writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn quarantine_list_json_ends_when_the_reader_goes_away() {
+    use std::io::Read as _;
+
+    let db = TestDb::migrated().await;
+    quarantine(&db, 2_000).await;
+    let mut child = db
+        .relay_command(&["quarantine", "list", "--json", "--limit", "2000"], &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run outbox-relay");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut start = [0u8; 100];
+    stdout.read_exact(&mut start).expect("the start of the array");
+    assert_eq!(start[0], b'[', "{}", String::from_utf8_lossy(&start));
+    drop(stdout);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after its reader left"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    assert!(
+        status.success(),
+        "a closed pipe is not a failure: {status:?} {err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -85,7 +85,7 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 5, "each migration recorded once");
+    assert_eq!(history, 6, "each migration recorded once");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -400,5 +400,79 @@ async fn columns_the_claim_copes_with_are_reported_and_the_relay_runs() {
         relay.child.try_wait().expect("try_wait").is_none(),
         "the relay keeps running"
     );
+    broker.cleanup().await;
+}
+
+/// PostgreSQL cuts identifiers at 63 bytes, so names derived by appending
+/// to a long table name must be shortened without two of them becoming one
+/// (or one becoming the table's own name). At every length up to the limit,
+/// migrate creates every index and the trigger, and the relay works.
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_named_up_to_the_identifier_limit_get_every_index() {
+    let db = TestDb::create().await;
+    let names: Vec<String> = [61, 62, 63]
+        .map(|length| format!("outbox_{}", "x".repeat(length - 7)))
+        .to_vec();
+    for name in &names {
+        for _ in 0..2 {
+            let out = migrate(&db, Some(name));
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    for name in &names {
+        let indexes: Vec<String> = db
+            .client
+            .query(
+                "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY 1",
+                &[name],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(
+            indexes.len(),
+            5,
+            "{}-character table: the primary key and four partial indexes, got {indexes:?}",
+            name.len()
+        );
+        let triggers: i64 = db
+            .client
+            .query_one(
+                &format!("SELECT count(*) FROM pg_trigger WHERE tgrelid = '\"{name}\"'::regclass AND NOT tgisinternal"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            triggers,
+            1,
+            "the NOTIFY trigger of the {}-character table",
+            name.len()
+        );
+    }
+
+    // The relay claims and publishes from the longest.
+    let longest = names.last().unwrap();
+    let id = Uuid::new_v4();
+    db.client
+        .execute(
+            &format!(
+                "INSERT INTO \"{longest}\" (id, event_type, aggregate_id, payload)
+                 VALUES ($1, 'order.created', 'agg-1', '{{}}')"
+            ),
+            &[&id],
+        )
+        .await
+        .unwrap();
+    let broker = TestBroker::create("#").await;
+    let mut env = broker.env();
+    env.push(("OUTBOX_TABLE", longest.clone()));
+    let _relay = RelayProcess::start(&db, &env);
+    let received = broker.receive(1, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].message_id, id.to_string());
     broker.cleanup().await;
 }

@@ -16,7 +16,7 @@ use common::{eventually, RelayProcess, TestBroker, TestDb};
 use outbox_relay::config::DatabaseSettings;
 use outbox_relay::maintenance::{gauges, retention};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::store::Store;
+use outbox_relay::store::{BacklogCounts, GaugeReading, Store, COUNT_CAP, STUCK_SCAN};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -29,14 +29,27 @@ const DAY: i64 = 86_400;
 
 /// A `Store` on the test database, as the relay builds it.
 fn store(db: &TestDb) -> Store {
+    store_at(&db.url)
+}
+
+/// A `Store` on the outbox table of the database at `url`.
+fn store_at(url: &str) -> Store {
     let database = DatabaseSettings {
-        database_url: db.url.clone(),
+        database_url: url.to_owned(),
         table: "outbox_event".to_owned(),
         database_pooler: "none".to_owned(),
     }
     .validate()
     .expect("valid test settings");
     Store::new(&database, 2)
+}
+
+/// A refresh that computes the counts whenever no other replica is.
+const ALWAYS: Duration = Duration::ZERO;
+
+/// The counts a refresh left, and when they were computed.
+fn counts(reading: &GaugeReading) -> (BacklogCounts, f64) {
+    reading.counts.expect("counts stored")
 }
 
 // ------------------------------------------------------------------- HTTP
@@ -109,9 +122,11 @@ async fn gauges_equal_the_table() {
     let store = store(&db);
     let metrics = Metrics::new();
 
-    let empty = gauges::refresh(&store, &metrics).await.expect("refresh");
-    assert_eq!(empty.unpublished, 0);
-    assert_eq!(empty.quarantined, 0);
+    let empty = gauges::refresh(&store, &metrics, ALWAYS).await.expect("refresh");
+    assert!(empty.computed, "the only replica computes");
+    let (empty_counts, _) = counts(&empty);
+    assert_eq!(empty_counts.unpublished, 0);
+    assert_eq!(empty_counts.quarantined, 0);
     assert_eq!(
         empty.oldest_unpublished_age_seconds, 0.0,
         "0 when there is no backlog"
@@ -131,7 +146,8 @@ async fn gauges_equal_the_table() {
         .insert(&db)
         .await;
 
-    let backlog = gauges::refresh(&store, &metrics).await.expect("refresh");
+    let reading = gauges::refresh(&store, &metrics, ALWAYS).await.expect("refresh");
+    let (backlog, _) = counts(&reading);
     assert_eq!(
         backlog.unpublished, 13,
         "due, backing-off and old rows; not quarantined or published"
@@ -142,7 +158,11 @@ async fn gauges_equal_the_table() {
     );
     assert_eq!(backlog.quarantined, 5);
     assert_eq!(backlog.quarantined, db.count("quarantined_at IS NOT NULL").await);
-    let age = backlog.oldest_unpublished_age_seconds;
+    assert!(
+        backlog.unpublished_exact && backlog.quarantined_exact && backlog.stuck_aggregates_exact,
+        "small counts are exact: {backlog:?}"
+    );
+    let age = reading.oldest_unpublished_age_seconds;
     // Older quarantined (2 h) and published (3 h) rows must not count.
     assert!((3600.0..7200.0).contains(&age), "oldest unpublished age {age}");
 
@@ -154,6 +174,63 @@ async fn gauges_equal_the_table() {
         Some(age),
         "{text}"
     );
+}
+
+/// Past the cap the count is an estimate and says so; the oldest age stays
+/// exact. Only the cap's worth of index entries is read, whatever the size.
+#[tokio::test(flavor = "multi_thread")]
+async fn counts_past_the_cap_are_estimates_and_the_age_stays_exact() {
+    let db = TestDb::migrated().await;
+    let over = COUNT_CAP + 5_000;
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'agg-' || (g % 97), '{}'::jsonb,
+                    now() - g * interval '1 second'
+             FROM generate_series(1, $1::bigint) AS g",
+            &[&over],
+        )
+        .await
+        .expect("insert backlog");
+    db.client
+        .batch_execute("VACUUM ANALYZE outbox_event")
+        .await
+        .expect("vacuum");
+    let backlog = store(&db).backlog().await.expect("backlog");
+    let counts = backlog.counts;
+    assert!(!counts.unpublished_exact, "{counts:?}");
+    assert!(
+        counts.unpublished >= COUNT_CAP && (counts.unpublished - over).abs() < over / 10,
+        "the estimate after VACUUM is close to {over}: {counts:?}"
+    );
+    assert!(counts.quarantined_exact && counts.quarantined == 0);
+    assert!(
+        !counts.stuck_aggregates_exact,
+        "the stuck scan stopped at its cap: {counts:?}"
+    );
+    let age = backlog.oldest_unpublished_age_seconds;
+    assert!(
+        (over as f64..over as f64 + 600.0).contains(&age),
+        "the oldest row is {over} s old: {age}"
+    );
+
+    // `status` says which numbers are estimates.
+    let out = db
+        .relay_command(&["status", "--json"], &[])
+        .output()
+        .expect("status");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(status["unpublished_exact"], false, "{status}");
+    assert_eq!(status["stuck_aggregates_exact"], false, "{status}");
+    assert_eq!(status["quarantined_exact"], true, "{status}");
+    let out = db.relay_command(&["status"], &[]).output().expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("estimated: more than {COUNT_CAP}")),
+        "{text}"
+    );
+    assert!(text.contains("at least"), "{text}");
 }
 
 /// The gauges run every few seconds on every replica, so they must never
@@ -176,27 +253,67 @@ async fn maintenance_and_admin_queries_are_served_by_the_partial_indexes() {
         )
         .await
         .expect("insert history");
+    // A quarantine too long to sort for one page: a page must follow the
+    // index (incident sized, e.g. a broker refusing a whole event type).
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                       attempt_count, last_error, quarantined_at)
+             SELECT gen_random_uuid(), 'order.created', 'agg-' || (g % 97), '{}'::jsonb,
+                    now() - interval '2 days', 10, 'rejected', now() - g * interval '1 second'
+             FROM generate_series(1, 5000) AS g",
+            &[],
+        )
+        .await
+        .expect("insert quarantine");
     Rows::pending(10).insert(&db).await;
-    Rows::pending(3).quarantined("rejected").insert(&db).await;
+    // The readers' statement finds the state table's row.
+    gauges::refresh(&store(&db), &Metrics::new(), ALWAYS)
+        .await
+        .expect("refresh");
     db.client
         .batch_execute("ANALYZE outbox_event")
         .await
         .expect("analyze");
 
-    let render = |sql: &str| sql.replace("{table}", "\"outbox_event\"");
+    let render = |sql: &str| {
+        sql.replace("{table}", "\"outbox_event\"")
+            .replace("{gauges_table}", "\"outbox_relay_gauges\"")
+    };
     let since: DateTime<Utc> = Utc::now() - chrono::Duration::hours(2);
     let until: Option<DateTime<Utc>> = None;
     let no_type: Option<&str> = None;
     let seven_days_ms: i64 = 7 * DAY * 1000;
     let hour_ms: i64 = HOUR * 1000;
     let batch: i64 = retention::BATCH_SIZE;
+    let (cap, scan) = (COUNT_CAP, STUCK_SCAN);
+    let (pending_idx, quarantined_idx) = ("\"outbox_event_pending_idx\"", "\"outbox_event_quarantined_idx\"");
+    let key = "outbox_event";
+    let max_age_ms: i64 = 3_750;
+    let page: i64 = 100;
+    let (first_page, no_id): (Option<DateTime<Utc>>, Option<Uuid>) = (None, None);
+    let (cursor_at, cursor_id) = (Some(Utc::now() - chrono::Duration::minutes(1)), Some(Uuid::nil()));
     type Params<'a> = Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>;
+    // The backlog statements run with sequential scans off (see
+    // set_local_index_scans.sql): these quarantined rows would otherwise
+    // make the planner expect 4,000 pending rows where there are 10.
+    let backlog_settings = include_str!("../src/store/sql/set_local_index_scans.sql");
     let cases: Vec<(&str, String, Params<'_>, &[&str])> = vec![
         (
-            "backlog gauges",
+            "backlog counts (status, and the replica computing the gauges)",
             render(include_str!("../src/store/sql/backlog.sql")),
-            vec![],
-            &["outbox_event_pending_idx", "outbox_event_quarantined_idx"],
+            vec![&cap, &scan, &pending_idx, &quarantined_idx],
+            &[
+                "outbox_event_pending_idx",
+                "outbox_event_quarantined_idx",
+                "outbox_event_aggregate_idx",
+            ],
+        ),
+        (
+            "gauges read by every replica",
+            render(include_str!("../src/store/sql/gauges_read.sql")),
+            vec![&key, &max_age_ms],
+            &["outbox_event_pending_idx"],
         ),
         (
             "published last hour",
@@ -211,9 +328,15 @@ async fn maintenance_and_admin_queries_are_served_by_the_partial_indexes() {
             &["outbox_event_published_idx", "outbox_event_pkey"],
         ),
         (
-            "quarantine list",
+            "quarantine list, first page",
             render(include_str!("../src/store/sql/list_quarantined.sql")),
-            vec![],
+            vec![&first_page, &no_id, &page],
+            &["outbox_event_quarantined_idx"],
+        ),
+        (
+            "quarantine list, a later page",
+            render(include_str!("../src/store/sql/list_quarantined.sql")),
+            vec![&cursor_at, &cursor_id, &page],
             &["outbox_event_quarantined_idx"],
         ),
         (
@@ -229,21 +352,45 @@ async fn maintenance_and_admin_queries_are_served_by_the_partial_indexes() {
             &["outbox_event_published_idx"],
         ),
     ];
+    // Planned on a connection of the relay's own pool, with its planner
+    // settings (see `relay_connections_plan_for_the_table_as_it_is`).
+    let relay_store = store(&db);
+    let relay_client = relay_store.client().await.expect("pooled connection");
     for (what, sql, params, indexes) in cases {
+        relay_client.batch_execute("BEGIN").await.expect("begin");
+        if what.starts_with("backlog") || what.starts_with("gauges") {
+            relay_client
+                .query_one(backlog_settings, &[])
+                .await
+                .expect("settings");
+        }
         // Plain EXPLAIN plans without running, so the writes change nothing.
-        let plan: Vec<String> = db
-            .client
+        let plan: Vec<String> = relay_client
             .query(&format!("EXPLAIN {sql}"), &params)
             .await
             .unwrap_or_else(|e| panic!("explain {what}: {e}"))
             .iter()
             .map(|row| row.get(0))
             .collect();
+        relay_client.batch_execute("ROLLBACK").await.expect("rollback");
         let plan = plan.join("\n");
-        assert!(!plan.contains("Seq Scan"), "{what} scans the table:\n{plan}");
+        // The gauges' state table is one row per outbox table: scanning
+        // it is right. The outbox table must never be scanned.
+        assert!(
+            !plan.contains("Seq Scan on outbox_event"),
+            "{what} scans the table:\n{plan}"
+        );
         for index in indexes {
             assert!(plan.contains(index), "{what} does not use {index}:\n{plan}");
         }
+        // A page follows the index order; only ties of quarantined_at are
+        // sorted (Incremental Sort), never the whole quarantine.
+        let full_sort = plan.lines().any(|line| {
+            line.trim_start()
+                .trim_start_matches("->  ")
+                .starts_with("Sort  (")
+        });
+        assert!(!full_sort, "{what} sorts its whole input:\n{plan}");
     }
 }
 
@@ -280,6 +427,142 @@ async fn the_gauge_refresher_outlives_dropped_database_connections() {
         .await
         .expect("stops on shutdown")
         .expect("no panic");
+}
+
+/// `outbox_gauges_refreshed_timestamp_seconds` is what the stale-gauges
+/// alert watches: set by a refresh, frozen while the database cannot be
+/// reached (the other gauges keep their last values then), moving again
+/// once it can.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_refresh_time_stops_while_the_database_is_unreachable() {
+    let db = TestDb::migrated().await;
+    let mut url = url::Url::parse(&db.url).expect("database URL");
+    let target = tokio::net::lookup_host((
+        url.host_str().expect("database host").to_owned(),
+        url.port().unwrap_or(5432),
+    ))
+    .await
+    .expect("resolve PostgreSQL")
+    .next()
+    .expect("an address for PostgreSQL");
+    let proxy = Proxy::start(target).await;
+    url.set_host(Some("127.0.0.1")).expect("host");
+    url.set_port(Some(proxy.addr.port())).expect("port");
+    let store = store_at(url.as_str());
+    let metrics = Metrics::new();
+    Rows::pending(2).insert(&db).await;
+
+    let refreshed = || metric(&metrics.render(), "outbox_gauges_refreshed_timestamp_seconds");
+    assert_eq!(refreshed(), Some(0.0), "never refreshed yet");
+    gauges::refresh(&store, &metrics, ALWAYS).await.expect("refresh");
+    let first = refreshed().expect("refresh time");
+    let now = Utc::now().timestamp() as f64;
+    assert!(
+        (now - 60.0..now + 60.0).contains(&first),
+        "Unix seconds, now: {first}"
+    );
+
+    proxy.refuse(true);
+    proxy.cut();
+    for _ in 0..3 {
+        let failed = gauges::refresh(&store, &metrics, ALWAYS).await;
+        assert!(failed.is_err(), "the database is unreachable: {failed:?}");
+        assert_eq!(refreshed(), Some(first), "not advanced by a failed refresh");
+    }
+    assert_eq!(metrics.unpublished.get(), 2, "the last value is kept");
+
+    proxy.refuse(false);
+    Rows::pending(1).insert(&db).await;
+    eventually(WAIT, "a refresh once the database is back", || async {
+        gauges::refresh(&store, &metrics, ALWAYS).await.is_ok()
+    })
+    .await;
+    assert!(refreshed().expect("refresh time") > first, "advanced again");
+    assert_eq!(metrics.unpublished.get(), 3);
+}
+
+/// However many replicas refresh, one computes the counts at a time and
+/// the others show what it stored. A replica held in the middle of its
+/// computation (its write waits on a lock the test holds on the state
+/// table) keeps the other from computing until it is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_replica_at_a_time_computes_the_counts() {
+    let db = TestDb::migrated().await;
+    let (store_a, store_b) = (std::sync::Arc::new(store(&db)), store(&db));
+    let (metrics_a, metrics_b) = (std::sync::Arc::new(Metrics::new()), Metrics::new());
+    Rows::pending(3).insert(&db).await;
+
+    // Stored counts younger than max_age are read, not recomputed, by
+    // every replica, the one that computed them included.
+    let long = Duration::from_secs(3_600);
+    let first = gauges::refresh(&store_b, &metrics_b, long)
+        .await
+        .expect("refresh");
+    assert!(first.computed, "nothing stored yet: B computes");
+    let (stored, stamp) = counts(&first);
+    assert_eq!(stored.unpublished, 3);
+    Rows::pending(2).insert(&db).await;
+    for (store, metrics) in [(&*store_a, &*metrics_a), (&store_b, &metrics_b)] {
+        let reading = gauges::refresh(store, metrics, long).await.expect("refresh");
+        assert!(!reading.computed, "fresh counts are read");
+        assert_eq!(counts(&reading), (stored, stamp), "what B stored");
+        assert_eq!(metrics.unpublished.get(), 3);
+        assert_eq!(
+            metric(&metrics.render(), "outbox_gauges_refreshed_timestamp_seconds"),
+            Some(stamp),
+            "the time the values were computed, not read"
+        );
+    }
+
+    // A computes, and is held before it can store its counts.
+    let mut holder = db.connect().await;
+    let hold = holder.transaction().await.expect("begin");
+    hold.batch_execute("LOCK TABLE outbox_relay_gauges IN EXCLUSIVE MODE")
+        .await
+        .expect("lock the state table");
+    let computing = tokio::spawn({
+        let (store_a, metrics_a) = (store_a.clone(), metrics_a.clone());
+        async move { gauges::refresh(&store_a, &metrics_a, ALWAYS).await }
+    });
+    eventually(WAIT, "A waits to store its counts", || async {
+        db.client
+            .query_one(
+                "SELECT count(*) FROM pg_locks
+                 WHERE relation = 'outbox_relay_gauges'::regclass AND NOT granted",
+                &[],
+            )
+            .await
+            .expect("pg_locks")
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    let meanwhile = gauges::refresh(&store_b, &metrics_b, ALWAYS)
+        .await
+        .expect("refresh");
+    assert!(
+        !meanwhile.computed,
+        "B does not compute while A is computing, even though it would (max_age 0)"
+    );
+    assert_eq!(counts(&meanwhile), (stored, stamp), "B shows the stored counts");
+
+    hold.commit().await.expect("release");
+    let done = tokio::time::timeout(WAIT, computing)
+        .await
+        .expect("A finishes")
+        .expect("no panic")
+        .expect("refresh");
+    assert!(done.computed, "A computed");
+    let (recounted, later) = counts(&done);
+    assert_eq!(recounted.unpublished, 5);
+    assert!(later > stamp);
+
+    let after = gauges::refresh(&store_b, &metrics_b, long)
+        .await
+        .expect("refresh");
+    assert!(!after.computed);
+    assert_eq!(counts(&after), (recounted, later), "B now shows what A stored");
+    assert_eq!(metrics_b.unpublished.get(), 5);
 }
 
 // ------------------------------------------------------------- endpoints

@@ -6,15 +6,21 @@
 //! commands):
 //!
 //! - `status --json`: `{"unpublished":N,"oldest_unpublished_age_seconds":F,
-//!   "quarantined":N,"published_last_hour":N,"stuck_aggregates":N}`
+//!   "quarantined":N,"published_last_hour":N,"stuck_aggregates":N,
+//!   "unpublished_exact":B,"quarantined_exact":B,"stuck_aggregates_exact":B}`
+//!   (a count that is not exact is an estimate, or for stuck aggregates a
+//!   lower bound: see `store/sql/backlog.sql`)
 //! - `quarantine list --json`: `[{"id":"…","event_type":"…","attempt_count":N,
-//!   "last_error":"…"|null,"quarantined_at":"RFC 3339, UTC, microseconds"}]`
+//!   "last_error":"…"|null,"quarantined_at":"RFC 3339, UTC, microseconds"}]`,
+//!   one page (`--limit`, `--after`), written element by element as the rows
+//!   arrive; the next page is `--after <last quarantined_at>,<last id>`
 //!
 //! Every database failure exits with status 1 (`CliError::Failed`).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -23,8 +29,9 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use super::CliError;
+pub use crate::store::QuarantineCursor;
 use crate::store::{describe_pg, DatabaseConfig};
-use crate::store::{Backlog, QuarantinedRow, Store, StoreError};
+use crate::store::{Backlog, QuarantinedRow, Store, StoreError, COUNT_CAP, STUCK_SCAN};
 
 /// The window of the "published last hour" figure of `status`.
 const RECENT_WINDOW: Duration = Duration::from_secs(3600);
@@ -42,6 +49,9 @@ struct StatusJson {
     quarantined: i64,
     published_last_hour: i64,
     stuck_aggregates: i64,
+    unpublished_exact: bool,
+    quarantined_exact: bool,
+    stuck_aggregates_exact: bool,
 }
 
 /// One element of `quarantine list --json`.
@@ -63,12 +73,16 @@ pub async fn status(database: DatabaseConfig, json: bool) -> Result<(), CliError
         .await
         .map_err(|e| failed(&database, e))?;
     let text = if json {
+        let counts = backlog.counts;
         json_line(&StatusJson {
-            unpublished: backlog.unpublished,
+            unpublished: counts.unpublished,
             oldest_unpublished_age_seconds: backlog.oldest_unpublished_age_seconds,
-            quarantined: backlog.quarantined,
+            quarantined: counts.quarantined,
             published_last_hour: recent,
-            stuck_aggregates: backlog.stuck_aggregates,
+            stuck_aggregates: counts.stuck_aggregates,
+            unpublished_exact: counts.unpublished_exact,
+            quarantined_exact: counts.quarantined_exact,
+            stuck_aggregates_exact: counts.stuck_aggregates_exact,
         })?
     } else {
         render_status(&database, &backlog, recent)
@@ -76,26 +90,87 @@ pub async fn status(database: DatabaseConfig, json: bool) -> Result<(), CliError
     emit(&text)
 }
 
-/// `outbox-relay quarantine list [--json]`.
-pub async fn quarantine_list(database: DatabaseConfig, json: bool) -> Result<(), CliError> {
+/// `outbox-relay quarantine list [--json] [--limit N] [--after QUARANTINED_AT,ID]`.
+///
+/// In text mode a full page ends with the command for the next one, on
+/// stderr so the table on stdout stays clean. In JSON mode the reader
+/// continues from the last element's `quarantined_at` and `id`.
+pub async fn quarantine_list(
+    database: DatabaseConfig,
+    json: bool,
+    limit: i64,
+    after: Option<QuarantineCursor>,
+) -> Result<(), CliError> {
     let store = Store::new(&database, 1);
-    let rows = store.quarantined_rows().await.map_err(|e| failed(&database, e))?;
-    let text = if json {
-        let items: Vec<QuarantinedJson<'_>> = rows
-            .iter()
-            .map(|row| QuarantinedJson {
+    if json {
+        return quarantine_list_json(&store, &database, limit, after).await;
+    }
+    let mut rows = Vec::new();
+    store
+        .quarantined_rows(after, limit, |row| {
+            rows.push(row);
+            ControlFlow::Continue(())
+        })
+        .await
+        .map_err(|e| failed(&database, e))?;
+    emit(&render_quarantined(&database, &rows, after, limit))?;
+    if let Some(last) = rows.last().filter(|_| rows.len() as i64 == limit) {
+        eprintln!(
+            "more rows may follow; next page: outbox-relay quarantine list --limit {limit} --after {}",
+            QuarantineCursor::after(last)
+        );
+    }
+    Ok(())
+}
+
+/// The JSON array, one element per row as the rows arrive: `[`, elements,
+/// `]`, so a page of any length is valid JSON without being held in memory.
+async fn quarantine_list_json(
+    store: &Store,
+    database: &DatabaseConfig,
+    limit: i64,
+    after: Option<QuarantineCursor>,
+) -> Result<(), CliError> {
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    let mut failure: Option<std::io::Error> = out.write_all(b"[").err();
+    let mut first = true;
+    let listed = store
+        .quarantined_rows(after, limit, |row| {
+            if failure.is_some() {
+                return ControlFlow::Break(());
+            }
+            let element = QuarantinedJson {
                 id: row.id,
                 event_type: &row.event_type,
                 attempt_count: row.attempt_count,
                 last_error: row.last_error.as_deref(),
                 quarantined_at: row.quarantined_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-            })
-            .collect();
-        json_line(&items)?
-    } else {
-        render_quarantined(&database, &rows)
+            };
+            let separator = if first { &b""[..] } else { &b","[..] };
+            first = false;
+            let written = out
+                .write_all(separator)
+                .and_then(|()| serde_json::to_writer(&mut out, &element).map_err(std::io::Error::from));
+            match written {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    failure = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })
+        .await;
+    listed.map_err(|e| failed(database, e))?;
+    let closed = match failure {
+        Some(e) => Err(e),
+        None => out.write_all(b"]\n").and_then(|()| out.flush()),
     };
-    emit(&text)
+    match closed {
+        Ok(()) => Ok(()),
+        // A closed pipe (`… | head`): the reader has what it wanted.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::Failed(anyhow::anyhow!("cannot write to stdout: {e}"))),
+    }
 }
 
 /// `outbox-relay quarantine release <ID>... | --all`.
@@ -225,16 +300,33 @@ fn emit(text: &str) -> Result<(), CliError> {
 
 fn render_status(database: &DatabaseConfig, backlog: &Backlog, recent: i64) -> String {
     let table = database.table.to_string();
+    let counts = &backlog.counts;
     let lines = [
         ("table", table),
-        ("unpublished", backlog.unpublished.to_string()),
+        (
+            "unpublished",
+            estimated(counts.unpublished, counts.unpublished_exact),
+        ),
         (
             "oldest unpublished age",
             human_age(backlog.oldest_unpublished_age_seconds),
         ),
-        ("quarantined", backlog.quarantined.to_string()),
+        (
+            "quarantined",
+            estimated(counts.quarantined, counts.quarantined_exact),
+        ),
         ("published last hour", recent.to_string()),
-        ("stuck aggregates", backlog.stuck_aggregates.to_string()),
+        (
+            "stuck aggregates",
+            if counts.stuck_aggregates_exact {
+                counts.stuck_aggregates.to_string()
+            } else {
+                format!(
+                    "at least {} (among the {STUCK_SCAN} oldest pending and quarantined rows)",
+                    counts.stuck_aggregates
+                )
+            },
+        ),
     ];
     let width = lines.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
     let mut text = String::new();
@@ -242,6 +334,15 @@ fn render_status(database: &DatabaseConfig, backlog: &Backlog, recent: i64) -> S
         let _ = writeln!(text, "{label:<width$}  {value}");
     }
     text
+}
+
+/// A count past the cap is PostgreSQL's estimate, and says so.
+fn estimated(count: i64, exact: bool) -> String {
+    if exact {
+        count.to_string()
+    } else {
+        format!("about {count} (estimated: more than {COUNT_CAP})")
+    }
 }
 
 /// `3723.4` → `1h 2m 3s`; under a minute with one decimal, so a healthy
@@ -273,9 +374,17 @@ fn human_age(seconds: f64) -> String {
     format!("{} ({total} s)", parts.join(" "))
 }
 
-fn render_quarantined(database: &DatabaseConfig, rows: &[QuarantinedRow]) -> String {
+fn render_quarantined(
+    database: &DatabaseConfig,
+    rows: &[QuarantinedRow],
+    after: Option<QuarantineCursor>,
+    limit: i64,
+) -> String {
     if rows.is_empty() {
-        return format!("no quarantined rows in {}\n", database.table);
+        return match after {
+            Some(cursor) => format!("no quarantined rows in {} after {cursor}\n", database.table),
+            None => format!("no quarantined rows in {}\n", database.table),
+        };
     }
     let header = ["ID", "EVENT TYPE", "ATTEMPTS", "QUARANTINED AT", "LAST ERROR"];
     let body: Vec<[String; 5]> = rows
@@ -312,11 +421,14 @@ fn render_quarantined(database: &DatabaseConfig, rows: &[QuarantinedRow]) -> Str
         text.push_str(&line);
         text.push('\n');
     }
+    // Only a first page that is not full is the whole list.
+    let whole = after.is_none() && (rows.len() as i64) < limit;
     let _ = writeln!(
         text,
-        "{} quarantined in {}",
+        "{} quarantined in {}{}",
         count_rows(rows.len() as u64),
-        database.table
+        database.table,
+        if whole { "" } else { " on this page" }
     );
     text
 }

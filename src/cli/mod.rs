@@ -107,13 +107,20 @@ pub enum Command {
 /// `quarantine` actions.
 #[derive(Debug, Subcommand)]
 pub enum QuarantineAction {
-    /// List quarantined rows.
+    /// List quarantined rows, oldest quarantine first, a page at a time.
     List {
         #[command(flatten)]
         database: DatabaseSettings,
-        /// Machine-readable output.
+        /// Machine-readable output: a JSON array, written as rows arrive.
         #[arg(long)]
         json: bool,
+        /// Rows on this page at most.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
+        limit: i64,
+        /// Start after this row, `<quarantined_at>,<id>`: the last row of the
+        /// previous page, as printed on stderr (or taken from its JSON).
+        #[arg(long, value_name = "QUARANTINED_AT,ID")]
+        after: Option<admin::QuarantineCursor>,
     },
     /// Put rows back in the queue: due now, attempts reset.
     Release {
@@ -185,9 +192,12 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
         Some(Command::Check(args)) => check(args.validate()?).await,
         Some(Command::Status { database, json }) => admin::status(database.validate()?, json).await,
         Some(Command::Quarantine { action }) => match action {
-            QuarantineAction::List { database, json } => {
-                admin::quarantine_list(database.validate()?, json).await
-            }
+            QuarantineAction::List {
+                database,
+                json,
+                limit,
+                after,
+            } => admin::quarantine_list(database.validate()?, json, limit, after).await,
             QuarantineAction::Release { database, ids, all } => {
                 admin::quarantine_release(database.validate()?, ids, all).await
             }

@@ -1,14 +1,17 @@
-//! The queries of the operator commands and the maintenance tasks: backlog
-//! gauges, `status`, `quarantine list/release`, `replay` and retention.
+//! The queries of the operator commands and retention: `status`'s extras,
+//! `quarantine list/release`, `replay`, and the retention batches. The
+//! backlog gauges are in `backlog.rs`.
 //!
 //! Each runs in a short transaction that first bounds its statements on the
 //! server (`sql/set_local_timeouts.sql`), and the whole exchange is bounded
 //! on the client too: a statement the client gave up on must not go on
 //! running on a pooled connection the relay uses next.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
@@ -29,20 +32,6 @@ pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// so the server's cancellation (with its clear error) normally wins.
 const CLIENT_SLACK: Duration = Duration::from_secs(2);
 
-/// The backlog as the gauges and `status` report it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backlog {
-    /// Rows not yet published and not quarantined, due or backing off.
-    pub unpublished: i64,
-    /// Now minus the oldest such row's `created_at`, in seconds; 0 when none.
-    pub oldest_unpublished_age_seconds: f64,
-    /// Quarantined rows waiting for an operator.
-    pub quarantined: i64,
-    /// Aggregates whose oldest unpublished row has failed or is quarantined:
-    /// held back under `OUTBOX_ORDERING=aggregate`.
-    pub stuck_aggregates: i64,
-}
-
 /// One quarantined row, as `quarantine list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuarantinedRow {
@@ -58,6 +47,53 @@ pub struct QuarantinedRow {
     pub quarantined_at: DateTime<Utc>,
 }
 
+/// Where a page of `quarantine list` starts: after this row, in
+/// `(quarantined_at, id)` order. Written `<quarantined_at>,<id>`, the
+/// timestamp in RFC 3339 with microseconds (PostgreSQL's precision, so the
+/// key round-trips exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantineCursor {
+    /// The last row's `quarantined_at`.
+    pub quarantined_at: DateTime<Utc>,
+    /// The last row's id.
+    pub id: Uuid,
+}
+
+impl QuarantineCursor {
+    /// The cursor that continues after `row`.
+    pub fn after(row: &QuarantinedRow) -> Self {
+        Self {
+            quarantined_at: row.quarantined_at,
+            id: row.id,
+        }
+    }
+}
+
+impl std::fmt::Display for QuarantineCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self
+            .quarantined_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        write!(f, "{at},{}", self.id)
+    }
+}
+
+impl std::str::FromStr for QuarantineCursor {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let shape = "expected <quarantined_at>,<id> as printed for the next page";
+        let (at, id) = raw.trim().rsplit_once(',').ok_or_else(|| shape.to_owned())?;
+        let quarantined_at = DateTime::parse_from_rfc3339(at)
+            .map_err(|e| format!("'{at}' is not an RFC 3339 time ({e}); {shape}"))?
+            .with_timezone(&Utc);
+        let id = id
+            .parse()
+            .map_err(|e| format!("'{id}' is not a UUID ({e}); {shape}"))?;
+        Ok(Self { quarantined_at, id })
+    }
+}
+
 /// What one retention batch did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetentionBatch {
@@ -68,14 +104,16 @@ pub enum RetentionBatch {
 }
 
 /// The statements of this module, rendered for one table.
-struct AdminStatements {
-    backlog: String,
-    published_since: String,
-    list_quarantined: String,
-    release_quarantined: String,
-    release_all_quarantined: String,
-    replay: String,
-    delete_retained: String,
+pub(super) struct AdminStatements {
+    pub(super) backlog: String,
+    pub(super) gauges_read: String,
+    pub(super) gauges_store: String,
+    pub(super) published_since: String,
+    pub(super) list_quarantined: String,
+    pub(super) release_quarantined: String,
+    pub(super) release_all_quarantined: String,
+    pub(super) replay: String,
+    pub(super) delete_retained: String,
 }
 
 impl AdminStatements {
@@ -83,9 +121,12 @@ impl AdminStatements {
     // `Store` struct unchanged, and the statement cache keys on the text anyway.
     fn for_table(table: &TableName) -> Self {
         let quoted = table.quoted();
-        let render = |sql: &str| sql.replace("{table}", &quoted);
+        let gauges = table.beside(super::migrate::GAUGES_TABLE);
+        let render = |sql: &str| sql.replace("{table}", &quoted).replace("{gauges_table}", &gauges);
         Self {
             backlog: render(include_str!("sql/backlog.sql")),
+            gauges_read: render(include_str!("sql/gauges_read.sql")),
+            gauges_store: render(include_str!("sql/gauges_store.sql")),
             published_since: render(include_str!("sql/published_since.sql")),
             list_quarantined: render(include_str!("sql/list_quarantined.sql")),
             release_quarantined: render(include_str!("sql/release_quarantined.sql")),
@@ -98,14 +139,16 @@ impl AdminStatements {
 
 const SET_LOCAL_TIMEOUTS: &str = include_str!("sql/set_local_timeouts.sql");
 const RETENTION_LOCK: &str = include_str!("sql/retention_lock.sql");
+pub(super) const GAUGES_LOCK: &str = include_str!("sql/gauges_lock.sql");
+pub(super) const SET_LOCAL_INDEX_SCANS: &str = include_str!("sql/set_local_index_scans.sql");
 
-fn millis(duration: Duration) -> i64 {
+pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Bounds `work` on the client side, a little after the server's own
 /// statement timeout would have fired.
-async fn within<T>(
+pub(super) async fn within<T>(
     timeout: Duration,
     work: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
@@ -116,7 +159,7 @@ async fn within<T>(
 }
 
 /// Starts a transaction whose statements the server cancels after `timeout`.
-async fn begin(
+pub(super) async fn begin(
     client: &mut deadpool_postgres::Object,
     pooler: Pooler,
     timeout: Duration,
@@ -129,29 +172,8 @@ async fn begin(
 }
 
 impl Store {
-    fn admin_sql(&self) -> AdminStatements {
+    pub(super) fn admin_sql(&self) -> AdminStatements {
         AdminStatements::for_table(&self.table)
-    }
-
-    /// The backlog gauges: one statement, each part served by a partial
-    /// index (see `sql/backlog.sql`).
-    pub async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let sql = self.admin_sql().backlog;
-        within(READ_TIMEOUT, async {
-            let mut client = self.pool.get().await?;
-            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
-            let row = Session::transaction(self.pooler, &tx)
-                .query_one(&sql, &[])
-                .await?;
-            tx.commit().await?;
-            Ok(Backlog {
-                unpublished: row.get(0),
-                oldest_unpublished_age_seconds: row.get(1),
-                quarantined: row.get(2),
-                stuck_aggregates: row.get(3),
-            })
-        })
-        .await
     }
 
     /// Rows published within the last `window`.
@@ -169,24 +191,54 @@ impl Store {
         .await
     }
 
-    /// Every quarantined row, oldest quarantine first.
-    pub async fn quarantined_rows(&self) -> Result<Vec<QuarantinedRow>, StoreError> {
+    /// Up to `limit` quarantined rows after `after` (from the first when
+    /// `None`), oldest quarantine first, handed to `each` as they arrive
+    /// from the server, so a long page is never held in memory. `each`
+    /// may stop taking rows (`ControlFlow::Break`, e.g. when the reader went
+    /// away). Returns how many rows `each` took.
+    pub async fn quarantined_rows(
+        &self,
+        after: Option<QuarantineCursor>,
+        limit: i64,
+        mut each: impl FnMut(QuarantinedRow) -> ControlFlow<()>,
+    ) -> Result<u64, StoreError> {
         let sql = self.admin_sql().list_quarantined;
+        let at = after.map(|cursor| cursor.quarantined_at);
+        let id = after.map(|cursor| cursor.id);
         within(ADMIN_TIMEOUT, async {
             let mut client = self.pool.get().await?;
             let tx = begin(&mut client, self.pooler, ADMIN_TIMEOUT).await?;
-            let rows = Session::transaction(self.pooler, &tx).query(&sql, &[]).await?;
-            tx.commit().await?;
-            Ok(rows
-                .iter()
-                .map(|row| QuarantinedRow {
+            let mut rows = Box::pin(
+                Session::transaction(self.pooler, &tx)
+                    .query_stream(
+                        &sql,
+                        &[(&at, Type::TIMESTAMPTZ), (&id, Type::UUID), (&limit, Type::INT8)],
+                    )
+                    .await?,
+            );
+            let mut taken = 0;
+            let mut stopped = false;
+            while let Some(row) = rows.try_next().await? {
+                if stopped {
+                    // The rest of the page is read and discarded. Dropping
+                    // a half-read stream and committing left the commit
+                    // unanswered until the timeout (seen with `| head`),
+                    // and the page is bounded by `limit` anyway.
+                    continue;
+                }
+                taken += 1;
+                let row = QuarantinedRow {
                     id: row.get(0),
                     event_type: row.get(1),
                     attempt_count: row.get(2),
                     last_error: row.get(3),
                     quarantined_at: row.get(4),
-                })
-                .collect())
+                };
+                stopped = each(row).is_break();
+            }
+            drop(rows);
+            tx.commit().await?;
+            Ok(taken)
         })
         .await
     }
@@ -275,5 +327,34 @@ impl Store {
             Ok(changed)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_round_trips_at_microseconds() {
+        let raw = "2026-11-30T00:30:01.103735Z,97ab5326-d7fc-4f02-925e-40d477063bdc";
+        let cursor: QuarantineCursor = raw.parse().unwrap();
+        assert_eq!(cursor.to_string(), raw);
+        assert_eq!(cursor.quarantined_at.timestamp_subsec_micros(), 103_735);
+        let offset: QuarantineCursor = "2026-11-30T01:30:01+01:00,97ab5326-d7fc-4f02-925e-40d477063bdc"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            offset.to_string(),
+            "2026-11-30T00:30:01.000000Z,97ab5326-d7fc-4f02-925e-40d477063bdc"
+        );
+        for bad in [
+            "",
+            "2026-11-30T00:30:01Z",
+            "97ab5326-d7fc-4f02-925e-40d477063bdc",
+            "yesterday,97ab5326-d7fc-4f02-925e-40d477063bdc",
+            "2026-11-30T00:30:01Z,nope",
+        ] {
+            assert!(bad.parse::<QuarantineCursor>().is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -37,7 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(3, "0003_indexes.sql"),
     migration!(4, "0004_aggregate_order_index.sql"),
     migration!(5, "0005_notify_trigger.sql"),
+    migration!(6, "0006_gauges_state.sql"),
 ];
+
+/// The state table of the gauges (0006), beside the outbox table.
+pub const GAUGES_TABLE: &str = "outbox_relay_gauges";
 
 impl Migration {
     fn render(&self, table: &TableName) -> String {
@@ -48,6 +52,7 @@ impl Migration {
 /// Fills the placeholders of migration and trigger SQL for one table.
 fn render(sql: &str, table: &TableName) -> String {
     sql.replace("{table}", &table.quoted())
+        .replace("{gauges_table}", &table.beside(GAUGES_TABLE))
         .replace("{pending_index}", &table.derived("pending_idx"))
         .replace("{quarantined_index}", &table.derived("quarantined_idx"))
         .replace("{published_index}", &table.derived("published_idx"))
@@ -122,6 +127,15 @@ pub async fn migrate(
         )
         .await?;
         done.push(migration.name);
+    }
+    // The NOTIFY function names its channel in its body. Re-creating it
+    // (no lock on the outbox table) keeps it on the channel relays listen
+    // to, should the channel's derivation change after it was created.
+    if let Some(notify) = MIGRATIONS
+        .iter()
+        .find(|m| m.version == 5 && applied.contains(&m.version))
+    {
+        tx.batch_execute(&notify.render(table)).await?;
     }
     let trigger_name = table.derived("relay_notify");
     let installed: bool = tx

@@ -13,7 +13,7 @@
 //! `set_config(…, true)`, local to the one transaction that needs them.
 
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Row, RowStream};
 
 /// `OUTBOX_DATABASE_POOLER`: what kind of connection pooler, if any, the
 /// database URL goes through.
@@ -30,6 +30,30 @@ pub enum Pooler {
 
 /// A parameter with its PostgreSQL type, as unnamed statements need them.
 pub type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// Runs `sql` on a session with `$prepared` (a cached named statement, on a
+/// direct connection) or `$unnamed` (an unnamed typed statement, behind a
+/// transaction pooler), on whichever of a client or a transaction it holds.
+/// A macro because the client and transaction types share no trait that
+/// has the typed calls.
+macro_rules! run {
+    ($session:expr, $sql:expr, $params:expr, $prepared:ident, $unnamed:ident) => {
+        match ($session.pooler, &$session.on) {
+            (Pooler::None, On::Client(client)) => {
+                let (types, values) = split($params);
+                let statement = client.prepare_typed_cached($sql, &types).await?;
+                client.$prepared(&statement, &values).await
+            }
+            (Pooler::None, On::Transaction(tx)) => {
+                let (types, values) = split($params);
+                let statement = tx.prepare_typed_cached($sql, &types).await?;
+                tx.$prepared(&statement, &values).await
+            }
+            (Pooler::Transaction, On::Client(client)) => client.$unnamed($sql, $params).await,
+            (Pooler::Transaction, On::Transaction(tx)) => tx.$unnamed($sql, $params).await,
+        }
+    };
+}
 
 /// A connection or transaction to run statements on, in the pooler mode's
 /// way.
@@ -69,25 +93,7 @@ impl<'c, 't> Session<'c, 't> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match self.pooler {
-            Pooler::None => {
-                let (types, values) = split(params);
-                match self.on {
-                    On::Client(client) => {
-                        let statement = client.prepare_typed_cached(sql, &types).await?;
-                        client.query(&statement, &values).await
-                    }
-                    On::Transaction(tx) => {
-                        let statement = tx.prepare_typed_cached(sql, &types).await?;
-                        tx.query(&statement, &values).await
-                    }
-                }
-            }
-            Pooler::Transaction => match self.on {
-                On::Client(client) => client.query_typed(sql, params).await,
-                On::Transaction(tx) => tx.query_typed(sql, params).await,
-            },
-        }
+        run!(self, sql, params, query, query_typed)
     }
 
     /// The one row `sql` returns (an error if it returns another number).
@@ -96,23 +102,34 @@ impl<'c, 't> Session<'c, 't> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Row, tokio_postgres::Error> {
+        run!(self, sql, params, query_one, query_typed_one)
+    }
+
+    /// The rows `sql` returns, as they arrive: for results too long to
+    /// hold in memory.
+    pub(super) async fn query_stream(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<RowStream, tokio_postgres::Error> {
+        let typed = params.iter().map(|(value, ty)| (*value, ty.clone()));
         match self.pooler {
             Pooler::None => {
                 let (types, values) = split(params);
                 match self.on {
                     On::Client(client) => {
                         let statement = client.prepare_typed_cached(sql, &types).await?;
-                        client.query_one(&statement, &values).await
+                        client.query_raw(&statement, values).await
                     }
                     On::Transaction(tx) => {
                         let statement = tx.prepare_typed_cached(sql, &types).await?;
-                        tx.query_one(&statement, &values).await
+                        tx.query_raw(&statement, values).await
                     }
                 }
             }
             Pooler::Transaction => match self.on {
-                On::Client(client) => client.query_typed_one(sql, params).await,
-                On::Transaction(tx) => tx.query_typed_one(sql, params).await,
+                On::Client(client) => client.query_typed_raw(sql, typed).await,
+                On::Transaction(tx) => tx.query_typed_raw(sql, typed).await,
             },
         }
     }
@@ -123,25 +140,7 @@ impl<'c, 't> Session<'c, 't> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<u64, tokio_postgres::Error> {
-        match self.pooler {
-            Pooler::None => {
-                let (types, values) = split(params);
-                match self.on {
-                    On::Client(client) => {
-                        let statement = client.prepare_typed_cached(sql, &types).await?;
-                        client.execute(&statement, &values).await
-                    }
-                    On::Transaction(tx) => {
-                        let statement = tx.prepare_typed_cached(sql, &types).await?;
-                        tx.execute(&statement, &values).await
-                    }
-                }
-            }
-            Pooler::Transaction => match self.on {
-                On::Client(client) => client.execute_typed(sql, params).await,
-                On::Transaction(tx) => tx.execute_typed(sql, params).await,
-            },
-        }
+        run!(self, sql, params, execute, execute_typed)
     }
 }
 

@@ -53,13 +53,10 @@ impl TableName {
     }
 
     /// A quoted name for an object (index, trigger) that belongs to this
-    /// table, unqualified: indexes live in the table's schema anyway.
+    /// table, unqualified: indexes live in the table's schema anyway. See
+    /// [`derive_name`] for how a name too long for PostgreSQL is shortened.
     pub fn derived(&self, suffix: &str) -> String {
-        // Identifiers are limited to 63 bytes; validation keeps the table
-        // name ASCII, so byte truncation cannot split a character.
-        let mut base = format!("{}_{suffix}", self.name);
-        base.truncate(63);
-        format!("\"{base}\"")
+        format!("\"{}\"", derive_name(&self.name, suffix))
     }
 }
 
@@ -73,17 +70,108 @@ impl TableName {
         }
     }
 
+    /// The quoted name of a relay table (`name`, shared by every outbox
+    /// table in the schema) beside this table, qualified like it.
+    pub fn beside(&self, name: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("\"{schema}\".\"{name}\""),
+            None => format!("\"{name}\""),
+        }
+    }
+
     /// The LISTEN/NOTIFY channel announcing new rows of this table. Only
-    /// identifier characters (validated) and '_' go in, so it needs no
-    /// escaping as a literal or a quoted identifier.
+    /// identifier characters (validated), '_' and hex digits go in, so it
+    /// needs no escaping as a literal or a quoted identifier.
+    ///
+    /// A channel name is an identifier too: PostgreSQL cuts a longer one
+    /// at 63 bytes, which would let two long table names share a channel.
+    /// Past 63 bytes it is a prefix plus a hash of the schema and table.
     pub fn notify_channel(&self) -> String {
-        let mut channel = match &self.schema {
+        let channel = match &self.schema {
             Some(schema) => format!("outbox_relay_{schema}_{}", self.name),
             None => format!("outbox_relay_{}", self.name),
         };
-        channel.truncate(63);
-        channel
+        if channel.len() <= MAX_IDENTIFIER_BYTES {
+            return channel;
+        }
+        let qualified = match &self.schema {
+            Some(schema) => format!("{schema}.{}", self.name),
+            None => self.name.clone(),
+        };
+        shortened(&channel, &fnv1a(qualified.as_bytes()), "")
     }
+}
+
+/// PostgreSQL's identifier limit (NAMEDATALEN - 1); it silently cuts
+/// longer names, so two names that differ only past it become one.
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// Every suffix [`TableName::derived`] is called with, in the order the
+/// migrations first created those objects (indexes, then the NOTIFY
+/// function and trigger). The order decides which suffix kept a name that
+/// earlier versions cut short and shared (see [`derive_name`]); a new
+/// suffix goes at the end.
+const DERIVED_SUFFIXES: [&str; 5] = [
+    "pending_idx",
+    "quarantined_idx",
+    "published_idx",
+    "aggregate_idx",
+    "relay_notify",
+];
+
+/// The name of `table`'s object `suffix`, at most 63 bytes, distinct from
+/// the table's other derived names and from the table itself:
+///
+/// 1. `{table}_{suffix}` when it fits — every table named up to 47
+///    characters, so existing installs keep their names;
+/// 2. else the first 63 bytes, as earlier versions cut it, when no suffix
+///    earlier in [`DERIVED_SUFFIXES`] cuts to the same name and it is not
+///    the table's own name: the objects an earlier `migrate` created under
+///    those names are found again (tables named 48 to 60 characters);
+/// 3. else a cut prefix, a hash of the full name, and the whole suffix,
+///    e.g. `…_9f4c2a1e_published_idx`: where earlier versions created one
+///    object for several names, or none (61 to 63 characters).
+fn derive_name(table: &str, suffix: &str) -> String {
+    let full = format!("{table}_{suffix}");
+    if full.len() <= MAX_IDENTIFIER_BYTES {
+        return full;
+    }
+    // Validated identifiers are ASCII, so a byte cut never splits a character.
+    let cut = |name: &str| name[..MAX_IDENTIFIER_BYTES].to_owned();
+    let legacy = cut(&full);
+    let taken_earlier = DERIVED_SUFFIXES
+        .iter()
+        .take_while(|earlier| **earlier != suffix)
+        .any(|earlier| {
+            let other = format!("{table}_{earlier}");
+            other.len() > MAX_IDENTIFIER_BYTES && cut(&other) == legacy
+        });
+    if !taken_earlier && legacy != table {
+        return legacy;
+    }
+    shortened(table, &fnv1a(full.as_bytes()), suffix)
+}
+
+/// `{prefix of base}_{hash}` or `{prefix of base}_{hash}_{suffix}`, cut to
+/// exactly fit 63 bytes. The suffix stays whole so the object's role is
+/// still readable in `\d` and `pg_indexes`.
+fn shortened(base: &str, hash: &str, suffix: &str) -> String {
+    let tail = if suffix.is_empty() {
+        format!("_{hash}")
+    } else {
+        format!("_{hash}_{suffix}")
+    };
+    let keep = MAX_IDENTIFIER_BYTES.saturating_sub(tail.len()).min(base.len());
+    format!("{}{tail}", &base[..keep])
+}
+
+/// 32-bit FNV-1a as 8 hex digits: stable across versions and platforms
+/// (unlike `std`'s hasher), which names stored in a database need.
+fn fnv1a(bytes: &[u8]) -> String {
+    let hash = bytes.iter().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    });
+    format!("{hash:08x}")
 }
 
 impl fmt::Display for TableName {
@@ -224,5 +312,102 @@ mod tests {
         for bad in ["", "a.b.c", "x; drop table y", "1abc", "out\"box", "a.", ".a"] {
             assert!(TableName::parse(bad).is_err(), "{bad} should be rejected");
         }
+    }
+
+    fn unquoted(name: String) -> String {
+        name.trim_matches('"').to_owned()
+    }
+
+    fn names_of(table: &TableName) -> Vec<String> {
+        DERIVED_SUFFIXES
+            .iter()
+            .map(|suffix| unquoted(table.derived(suffix)))
+            .collect()
+    }
+
+    #[test]
+    fn derived_names_that_fit_are_unchanged() {
+        let table = TableName::parse("app.outbox_event").unwrap();
+        assert_eq!(table.derived("pending_idx"), "\"outbox_event_pending_idx\"");
+        assert_eq!(
+            table.qualified_derived("relay_notify"),
+            "\"app\".\"outbox_event_relay_notify\""
+        );
+        assert_eq!(table.notify_channel(), "outbox_relay_app_outbox_event");
+        // The longest name with every derived name as before: 47 + 1 + 15.
+        let name = "t".repeat(47);
+        let table = TableName::parse(&name).unwrap();
+        assert_eq!(
+            names_of(&table),
+            DERIVED_SUFFIXES.map(|suffix| format!("{name}_{suffix}"))
+        );
+    }
+
+    #[test]
+    fn names_cut_by_earlier_versions_are_kept_where_they_were_distinct() {
+        for length in 48..=60 {
+            let name = "n".repeat(length);
+            let table = TableName::parse(&name).unwrap();
+            let legacy: Vec<String> = DERIVED_SUFFIXES
+                .iter()
+                .map(|suffix| {
+                    let mut cut = format!("{name}_{suffix}");
+                    cut.truncate(63);
+                    cut
+                })
+                .collect();
+            assert_eq!(names_of(&table), legacy, "length {length}");
+        }
+    }
+
+    #[test]
+    fn derived_names_never_collide_and_fit_for_any_legal_name() {
+        for length in 1..=63 {
+            for schema in [None, Some("s".repeat(63))] {
+                let raw = match &schema {
+                    Some(schema) => format!("{schema}.{}", "x".repeat(length)),
+                    None => "x".repeat(length),
+                };
+                let table = TableName::parse(&raw).unwrap();
+                let names = names_of(&table);
+                for name in &names {
+                    assert!(name.len() <= 63, "{name} is {} bytes", name.len());
+                    assert_ne!(name, table.name(), "an object named like its table");
+                }
+                let distinct: std::collections::HashSet<&String> = names.iter().collect();
+                assert_eq!(distinct.len(), names.len(), "collision among {names:?}");
+                assert!(table.notify_channel().len() <= 63);
+            }
+        }
+        // Where cutting used to merge names, the suffix is kept whole.
+        let table = TableName::parse(&"y".repeat(62)).unwrap();
+        let published = unquoted(table.derived("published_idx"));
+        assert_eq!(published.len(), 63);
+        assert!(published.ends_with("_published_idx"), "{published}");
+        assert!(published.starts_with("yyyy"), "{published}");
+    }
+
+    #[test]
+    fn long_names_differing_only_at_the_end_get_different_objects_and_channels() {
+        let a = TableName::parse(&format!("{}a", "z".repeat(62))).unwrap();
+        let b = TableName::parse(&format!("{}b", "z".repeat(62))).unwrap();
+        for suffix in DERIVED_SUFFIXES {
+            assert_ne!(a.derived(suffix), b.derived(suffix), "{suffix}");
+        }
+        assert_ne!(a.notify_channel(), b.notify_channel());
+        // The schema is part of the channel: `a_b.c` and `a.b_c` differ.
+        let long = "q".repeat(50);
+        let one = TableName::parse(&format!("a_b.{long}")).unwrap();
+        let two = TableName::parse(&format!("a.b_{long}")).unwrap();
+        assert_ne!(one.notify_channel(), two.notify_channel());
+    }
+
+    #[test]
+    fn the_hash_is_stable() {
+        // FNV-1a reference values: the names in existing databases depend
+        // on them never changing.
+        assert_eq!(fnv1a(b""), "811c9dc5");
+        assert_eq!(fnv1a(b"a"), "e40c292c");
+        assert_eq!(fnv1a(b"foobar"), "bf9cf968");
     }
 }

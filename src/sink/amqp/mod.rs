@@ -11,7 +11,7 @@
 //! timed-out batch's channel is dropped with its late confirms instead of
 //! leaving them to a later batch.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use futures::future::{join_all, BoxFuture};
@@ -24,12 +24,14 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Exchange
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::{debug, warn};
-use uuid::Uuid;
 
 mod config;
+mod returns;
 mod tls;
 
 pub use config::{redact_url, AmqpConfig, AmqpTls, RoutingKeyTemplate};
+
+use returns::Returns;
 
 use super::{Breaker, Outcome, Sink, SinkError};
 use crate::event::Event;
@@ -454,72 +456,6 @@ fn closed_for_a_message(error: &lapin::Error) -> Option<String> {
             Some(amqp.get_message().to_string())
         }
         _ => None,
-    }
-}
-
-/// The `basic.return`s of one batch, attributed to rows by message id.
-///
-/// lapin hands each return to whichever confirmation it resolves next; with
-/// many publishes outstanding and acks that confirm several delivery tags at
-/// once, that is often another message's confirmation. So a return is never
-/// read as news about the confirmation that carries it: every confirmation
-/// of the batch is searched, and the returned message's own `message_id`
-/// (the event id) names the row it belongs to. RabbitMQ sends a mandatory
-/// message's return before its ack, so once every ack of the batch has
-/// arrived, every return of the batch is among them.
-struct Returns {
-    /// Event id → why it came back.
-    unroutable: HashMap<Uuid, String>,
-    /// A return that names no row of this batch, described.
-    stray: Option<String>,
-}
-
-impl Returns {
-    fn collect<'c>(
-        confirmations: impl Iterator<Item = &'c Result<Confirmation, lapin::Error>>,
-        events: &[Event],
-        exchange: &str,
-    ) -> Self {
-        let batch: HashSet<Uuid> = events.iter().map(|event| event.id).collect();
-        let mut returns = Self {
-            unroutable: HashMap::new(),
-            stray: None,
-        };
-        let carried = confirmations.filter_map(|confirmation| match confirmation {
-            Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Some(returned),
-            _ => None,
-        });
-        for returned in carried {
-            let reason = format!(
-                "returned by RabbitMQ as unroutable: {} {} (exchange '{exchange}', routing key '{}')",
-                returned.reply_code, returned.reply_text, returned.delivery.routing_key
-            );
-            let message_id = returned
-                .delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.as_str());
-            let row = message_id
-                .and_then(|id| Uuid::parse_str(id).ok())
-                .filter(|id| batch.contains(id));
-            match row {
-                Some(id) => {
-                    returns.unroutable.insert(id, reason);
-                }
-                None => {
-                    returns.stray.get_or_insert_with(|| match message_id {
-                        Some(id) => format!("message_id {id}"),
-                        None => "no message_id".to_owned(),
-                    });
-                }
-            }
-        }
-        returns
-    }
-
-    fn reason_for(&self, event_id: &Uuid) -> Option<&String> {
-        self.unroutable.get(event_id)
     }
 }
 

@@ -1,4 +1,5 @@
--- Claims due rows and leases them for $2 milliseconds: at most $1 rows,
+-- Claims due rows and leases them for $2 milliseconds (this file selects
+-- and locks the candidates; claim_lease.sql, appended, budgets and leases): at most $1 rows,
 -- and no more than $3 bytes of payload (always at least one row). A
 -- payload larger than $4 bytes (the most the sink can ever publish) is not
 -- returned: the relay quarantines that row without loading it.
@@ -30,23 +31,4 @@ WITH due AS (
     ORDER BY created_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-),
-budgeted AS (
-    SELECT id, payload_bytes
-    FROM (
-        SELECT id, payload_bytes,
-               row_number() OVER w AS position,
-               sum(payload_bytes) OVER w AS running_bytes
-        FROM due
-        WINDOW w AS (ORDER BY created_at, id)
-    ) AS d
-    WHERE position = 1 OR running_bytes <= $3::bigint
 )
-UPDATE {table} AS t
-SET attempt_count = t.attempt_count + 1,
-    next_attempt_at = now() + $2::bigint * interval '1 millisecond'
-FROM budgeted AS b
-WHERE t.id = b.id
-RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
-          CASE WHEN b.payload_bytes <= $4::bigint THEN t.payload::text END,
-          b.payload_bytes::bigint, t.created_at::timestamptz, t.attempt_count::int4

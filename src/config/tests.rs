@@ -1,0 +1,248 @@
+//! One case per variable: each invalid value names its variable.
+
+use super::*;
+
+fn relay_settings() -> RelaySettings {
+    RelaySettings {
+        batch_size: "100".into(),
+        poll_interval: "500ms".into(),
+        max_attempts: "10".into(),
+        publish_timeout: "30s".into(),
+        backoff_base: "1s".into(),
+        backoff_max: "5m".into(),
+        on_publish: "mark".into(),
+        ordering: "none".into(),
+        workers: "4".into(),
+        max_batch_bytes: "16777216".into(),
+    }
+}
+
+fn service_settings() -> ServiceSettings {
+    ServiceSettings {
+        retention: "7d".into(),
+        http_addr: "0.0.0.0:9090".into(),
+    }
+}
+
+fn sink_settings() -> SinkSettings {
+    SinkSettings {
+        sink: "rabbitmq".into(),
+        amqp_url: "amqp://guest:guest@localhost:5672/%2f".into(),
+        amqp_exchange: "amq.topic".into(),
+        amqp_routing_key: "{event_type}".into(),
+        amqp_max_message_bytes: "16777216".into(),
+        amqp_ca_file: None,
+        amqp_client_cert_file: None,
+        amqp_client_key_file: None,
+        sqs_queue_url: None,
+        sqs_endpoint_url: None,
+    }
+}
+
+#[test]
+fn durations_accept_the_documented_forms() {
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+    assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+    assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+}
+
+#[test]
+fn durations_reject_malformed_values() {
+    for bad in ["", "5", "ms", "5x", "-1s", "1.5s", "5 s", "99999999999999999999d"] {
+        assert!(parse_duration(bad).is_err(), "{bad} should be rejected");
+    }
+}
+
+#[test]
+fn defaults_are_valid() {
+    let relay = relay_settings().validate().unwrap();
+    assert_eq!(relay.batch_size, 100);
+    let retention = service_settings().retention().unwrap();
+    assert_eq!(retention, Some(Duration::from_secs(7 * 86_400)));
+    assert!(matches!(
+        sink_settings().validate().unwrap(),
+        SinkConfig::RabbitMq(_)
+    ));
+}
+
+#[test]
+fn invalid_values_name_their_variable() {
+    let cases: Vec<(RelaySettings, &str)> = vec![
+        (
+            RelaySettings {
+                batch_size: "0".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_BATCH_SIZE",
+        ),
+        (
+            RelaySettings {
+                batch_size: "many".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_BATCH_SIZE",
+        ),
+        (
+            RelaySettings {
+                poll_interval: "fast".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_POLL_INTERVAL",
+        ),
+        (
+            RelaySettings {
+                max_attempts: "0".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_MAX_ATTEMPTS",
+        ),
+        (
+            RelaySettings {
+                publish_timeout: "0".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_PUBLISH_TIMEOUT",
+        ),
+        (
+            RelaySettings {
+                backoff_max: "1ms".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_BACKOFF_MAX",
+        ),
+        (
+            RelaySettings {
+                on_publish: "archive".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_ON_PUBLISH",
+        ),
+        (
+            RelaySettings {
+                ordering: "global".into(),
+                ..relay_settings()
+            },
+            "OUTBOX_ORDERING",
+        ),
+    ];
+    for (settings, variable) in cases {
+        assert_eq!(settings.validate().unwrap_err().variable, variable);
+    }
+    let retention = ServiceSettings {
+        retention: "a week".into(),
+        ..service_settings()
+    };
+    assert_eq!(retention.retention().unwrap_err().variable, "OUTBOX_RETENTION");
+    let http = ServiceSettings {
+        http_addr: "nowhere".into(),
+        ..service_settings()
+    };
+    assert_eq!(http.http_addr().unwrap_err().variable, "OUTBOX_HTTP_ADDR");
+}
+
+#[test]
+fn choices_name_the_accepted_words() {
+    let error = parse_log_format("xml").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "OUTBOX_LOG_FORMAT: 'xml' is not one of text, json"
+    );
+    let settings = MigrateSettings {
+        database: DatabaseSettings {
+            database_url: "postgres://localhost/db".into(),
+            table: "outbox_event".into(),
+            database_pooler: "none".into(),
+        },
+        notify_trigger: "maybe".into(),
+    };
+    assert_eq!(
+        settings.validate().unwrap_err().to_string(),
+        "OUTBOX_NOTIFY_TRIGGER: 'maybe' is not one of on, off"
+    );
+}
+
+#[test]
+fn sink_errors_name_their_variable() {
+    let unknown = SinkSettings {
+        sink: "kafka".into(),
+        ..sink_settings()
+    };
+    assert_eq!(unknown.validate().unwrap_err().variable, "OUTBOX_SINK");
+    let sqs_without_queue = SinkSettings {
+        sink: "sqs".into(),
+        ..sink_settings()
+    };
+    assert_eq!(
+        sqs_without_queue.validate().unwrap_err().variable,
+        "OUTBOX_SQS_QUEUE_URL"
+    );
+    let bad_amqp = SinkSettings {
+        amqp_url: "not a url".into(),
+        ..sink_settings()
+    };
+    assert_eq!(bad_amqp.validate().unwrap_err().variable, "OUTBOX_AMQP_URL");
+    let bad_key = SinkSettings {
+        amqp_routing_key: "{tenant}".into(),
+        ..sink_settings()
+    };
+    assert_eq!(
+        bad_key.validate().unwrap_err().variable,
+        "OUTBOX_AMQP_ROUTING_KEY"
+    );
+}
+
+#[test]
+fn errors_never_echo_passwords() {
+    let bad = SinkSettings {
+        amqp_url: "http://user:hunter2@host/".into(),
+        ..sink_settings()
+    };
+    assert!(!bad.validate().unwrap_err().to_string().contains("hunter2"));
+    let db = DatabaseSettings {
+        database_url: "postgres://u:hunter2@h:notaport/db".into(),
+        table: "outbox_event".into(),
+        database_pooler: "none".into(),
+    };
+    assert!(!db.validate().unwrap_err().to_string().contains("hunter2"));
+}
+
+#[test]
+fn a_transaction_pooler_listens_only_on_a_direct_url() {
+    let database = |pooler: &str| DatabaseSettings {
+        database_url: "postgres://relay@pgbouncer:6432/shop".into(),
+        table: "outbox_event".into(),
+        database_pooler: pooler.into(),
+    };
+    let none = database("none").validate().unwrap();
+    let listen = ListenSettings {
+        listen_database_url: None,
+    };
+    let endpoint = listen
+        .validate(&none)
+        .unwrap()
+        .expect("listens on the database URL");
+    assert_eq!(endpoint.pg.get_ports(), &[6432]);
+    let pooled = database("transaction").validate().unwrap();
+    assert!(listen.validate(&pooled).unwrap().is_none());
+    let direct = ListenSettings {
+        listen_database_url: Some("postgres://relay@db:5432/shop".into()),
+    };
+    let endpoint = direct
+        .validate(&pooled)
+        .unwrap()
+        .expect("listens on the direct URL");
+    assert_eq!(endpoint.pg.get_ports(), &[5432]);
+    assert_eq!(
+        database("session").validate().unwrap_err().to_string(),
+        "OUTBOX_DATABASE_POOLER: 'session' is not one of none, transaction"
+    );
+    let bad = ListenSettings {
+        listen_database_url: Some("postgres://u:hunter2@db/shop?sslmode=nope".into()),
+    };
+    let error = bad.validate(&pooled).unwrap_err();
+    assert_eq!(error.variable, "OUTBOX_LISTEN_DATABASE_URL");
+    assert!(!error.to_string().contains("hunter2"));
+}
