@@ -52,16 +52,11 @@ async fn insert_sized(db: &TestDb, sizes: &[usize]) -> Vec<Uuid> {
         ids.push(id);
     }
     let lengths: Vec<i32> = db
-        .client
-        .query(
+        .column(
             "SELECT octet_length(payload::text) FROM outbox_event ORDER BY created_at",
             &[],
         )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+        .await;
     assert_eq!(
         lengths,
         sizes.iter().map(|s| *s as i32).collect::<Vec<_>>(),

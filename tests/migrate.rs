@@ -59,16 +59,11 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         ]
     );
     let indexes: Vec<String> = db
-        .client
-        .query(
+        .column(
             "SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox_event' ORDER BY 1",
             &[],
         )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await;
     assert_eq!(
         indexes,
         [
@@ -108,18 +103,13 @@ async fn concurrent_replicas_migrate_safely() {
 
 /// The seed design's columns of every row, as text.
 async fn seed_columns(db: &TestDb) -> Vec<String> {
-    db.client
-        .query(
-            "SELECT json_build_object('id', id, 'causation_id', causation_id,
-                 'event_type', event_type, 'aggregate_id', aggregate_id, 'payload', payload,
-                 'created_at', created_at, 'published_at', published_at)::text FROM outbox_event ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+    db.column(
+        "SELECT json_build_object('id', id, 'causation_id', causation_id,
+             'event_type', event_type, 'aggregate_id', aggregate_id, 'payload', payload,
+             'created_at', created_at, 'published_at', published_at)::text FROM outbox_event ORDER BY id",
+        &[],
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -421,16 +411,11 @@ async fn tables_named_up_to_the_identifier_limit_get_every_index() {
     }
     for name in &names {
         let indexes: Vec<String> = db
-            .client
-            .query(
+            .column(
                 "SELECT indexname::text FROM pg_indexes WHERE tablename = $1 ORDER BY 1",
                 &[name],
             )
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+            .await;
         assert_eq!(
             indexes.len(),
             5,

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::marker::PhantomData;
 
+use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Client, NoTls};
 use uuid::Uuid;
 
@@ -119,10 +120,21 @@ impl<R> TestDb<R> {
 
     /// Ids of the rows matching a WHERE clause.
     pub async fn ids_where(&self, condition: &str) -> HashSet<Uuid> {
-        self.client
-            .query(&format!("SELECT id FROM outbox_event WHERE {condition}"), &[])
+        self.column(&format!("SELECT id FROM outbox_event WHERE {condition}"), &[])
             .await
-            .expect("select ids")
+            .into_iter()
+            .collect()
+    }
+
+    /// The first column of every row `sql` returns.
+    pub async fn column<T>(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Vec<T>
+    where
+        T: for<'a> FromSql<'a>,
+    {
+        self.client
+            .query(sql, params)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
             .iter()
             .map(|row| row.get(0))
             .collect()
