@@ -45,12 +45,14 @@ SPEC_VARS = [
     "OUTBOX_DATABASE_POOLER", "OUTBOX_LISTEN_DATABASE_URL",
     "OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE",
     "OUTBOX_AMQP_MAX_MESSAGE_BYTES", "OUTBOX_MAX_BATCH_BYTES",
+    "OUTBOX_NATS_URL", "OUTBOX_NATS_SUBJECT", "OUTBOX_NATS_CREDS_FILE", "OUTBOX_NATS_CA_FILE",
 ]
 # Variables that hold passwords: in the chart they come only from Secrets
 # (database.*), never from `config`.
 SECRET_VARS = {"OUTBOX_DATABASE_URL", "OUTBOX_LISTEN_DATABASE_URL"}
 # Variables naming files the relay reads at start-up.
-FILE_VARS = ["OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE"]
+FILE_VARS = ["OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE",
+             "OUTBOX_NATS_CREDS_FILE", "OUTBOX_NATS_CA_FILE"]
 # Metrics named by the specification; the alerts may only use these (and up).
 SPEC_METRICS = {
     "outbox_unpublished_events", "outbox_oldest_unpublished_age_seconds",
@@ -141,6 +143,15 @@ def check_tls_files(pod, container, values, where):
               f"the tls volume must be mounted read-only at {tls['mountPath']}, got {mounts}")
     else:
         check("tls" not in volumes, where, "no tls volume without tls.existingSecret")
+    nats = values["nats"]
+    if nats.get("credsSecret"):
+        volume = volumes.get("nats-creds", {})
+        check(volume.get("secret", {}).get("secretName") == nats["credsSecret"], where,
+              f"volume nats-creds must be Secret {nats['credsSecret']}, got {volume}")
+        check({"name": "nats-creds", "mountPath": nats["credsMountPath"], "readOnly": True} in mounts, where,
+              f"the nats-creds volume must be mounted read-only at {nats['credsMountPath']}, got {mounts}")
+    else:
+        check("nats-creds" not in volumes, where, "no nats-creds volume without nats.credsSecret")
     env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
     dirs = [m["mountPath"].rstrip("/") + "/" for m in mounts]
     for name in FILE_VARS:
@@ -168,8 +179,21 @@ def check_env(container, values, where, database_secret, database_key):
         check(ref == {"name": amqp["existingSecret"], "key": amqp["secretKey"]},
               where, f"OUTBOX_AMQP_URL must come from Secret {amqp['existingSecret']}, got {env.get('OUTBOX_AMQP_URL')}")
 
+    nats = values["nats"]
+    if nats.get("existingSecret"):
+        ref = env.get("OUTBOX_NATS_URL", {}).get("valueFrom", {}).get("secretKeyRef", {})
+        check(ref == {"name": nats["existingSecret"], "key": nats["secretKey"]},
+              where, f"OUTBOX_NATS_URL must come from Secret {nats['existingSecret']}, got {env.get('OUTBOX_NATS_URL')}")
+    creds_file = None
+    if nats.get("credsSecret"):
+        creds_file = nats["credsMountPath"].rstrip("/") + "/" + nats["credsKey"]
+        check(env.get("OUTBOX_NATS_CREDS_FILE", {}).get("value") == creds_file, where,
+              f"OUTBOX_NATS_CREDS_FILE must be the mounted {creds_file}, got {env.get('OUTBOX_NATS_CREDS_FILE')}")
+
     for name, value in values["config"].items():
         wanted = env_string(value)
+        if name == "OUTBOX_NATS_CREDS_FILE" and creds_file:
+            continue
         if wanted == "":
             check(name not in env or "valueFrom" in env[name], where, f"{name} is empty in values and must be left unset")
         else:

@@ -102,7 +102,7 @@ fn read(path: &Path) -> Result<Vec<u8>, FileError> {
 }
 
 /// "No such file or directory", without the "(os error 2)" tail.
-fn io_reason(error: &io::Error) -> String {
+pub(crate) fn io_reason(error: &io::Error) -> String {
     let text = error.to_string();
     match text.find(" (os error") {
         Some(end) => text[..end].to_owned(),

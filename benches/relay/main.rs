@@ -12,10 +12,13 @@
 //! - steady state: a producer committing at a fixed rate, lag from its
 //!   commit to a consumer receiving the message (p50/p95/p99/max);
 //! - what the NOTIFY trigger costs producers: single-row insert throughput
-//!   with 8 connections, with and without the trigger.
+//!   with 8 connections, with and without the trigger;
+//! - NATS JetStream: the relay against a bare async-nats JetStream
+//!   publisher, same messages, same acknowledgements in flight.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
-//! it is measured against), [`steady`], [`notify_cost`] and [`sqs`]; what
+//! it is measured against), [`steady`], [`notify_cost`], [`sqs`] and
+//! [`nats`]; what
 //! they start from is in [`fixture`], what they measure with in [`meter`],
 //! and [`report`] prints the tables.
 
@@ -23,6 +26,7 @@ mod baselines;
 mod drain;
 mod fixture;
 mod meter;
+mod nats;
 mod notify_cost;
 mod report;
 mod sqs;
@@ -83,6 +87,15 @@ struct Options {
     /// Only the SQS runs.
     #[arg(long)]
     only_sqs: bool,
+    /// Rows for each NATS JetStream run (bare publisher and relay).
+    #[arg(long, default_value = "50000")]
+    nats_rows: usize,
+    /// Leave out the NATS runs.
+    #[arg(long)]
+    skip_nats: bool,
+    /// Only the NATS runs.
+    #[arg(long)]
+    only_nats: bool,
     /// Table fillfactor for the drain runs, instead of the one `migrate`
     /// sets (to try how much room the claim's HOT updates need).
     #[arg(long)]
@@ -121,6 +134,10 @@ async fn main() -> Result<(), Error> {
         OutboxRelay::PATH
     );
 
+    if options.only_nats {
+        report::nats_table(&options, Some(&nats::run(&options).await?));
+        return Ok(());
+    }
     if options.only_sqs {
         report::sqs_lines(&sqs::run(&options, &options.sqs_endpoint).await?);
         return Ok(());
@@ -170,6 +187,11 @@ async fn main() -> Result<(), Error> {
     } else {
         sqs::run(&options, &options.sqs_endpoint).await?
     };
+    let nats_run = if options.skip_nats {
+        None
+    } else {
+        Some(nats::run(&options).await?)
+    };
     let mut steadies = Vec::new();
     for &rate in &options.rates {
         let result = steady::steady(&options, rate).await?;
@@ -180,6 +202,7 @@ async fn main() -> Result<(), Error> {
     let without_trigger = notify_cost::producer_throughput(&options, false).await?;
 
     report::sqs_table(&options, &sqs_runs);
+    report::nats_table(&options, nats_run.as_ref());
     report::steady_table(&options, &steadies);
     report::notify_cost_table(with_trigger, without_trigger);
     Ok(())

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::drain::Drain;
 use crate::meter::Run;
+use crate::nats::NatsRun;
 use crate::sqs::SqsRun;
 use crate::steady::Steady;
 use crate::Options;
@@ -124,6 +125,24 @@ pub fn sqs_table(options: &Options, runs: &[SqsRun]) {
             run.relay_peak_rss_mib
         );
     }
+}
+
+/// The NATS table: the bare JetStream publisher next to the relay;
+/// nothing when the NATS runs were left out.
+pub fn nats_table(options: &Options, run: Option<&NatsRun>) {
+    let Some(run) = run else { return };
+    println!(
+        "\n| NATS JetStream ({} rows a run, each into a fresh stream; {} acknowledgements in flight) | events/s | vs bare publisher | relay peak RSS |",
+        options.nats_rows, run.in_flight
+    );
+    println!("|---|---:|---:|---:|");
+    println!("| bare async-nats publisher | {:.0} | 100% | |", run.bare);
+    println!(
+        "| outbox-relay (1 replica) | {:.0} | {:.1}% | {:.1} MiB |",
+        run.relay,
+        run.relay / run.bare * 100.0,
+        run.relay_peak_rss_mib
+    );
 }
 
 /// The steady-state table: lag percentiles and load per producer rate.

@@ -17,6 +17,7 @@ use thiserror::Error;
 
 use crate::relay::{OnPublish, RelayConfig};
 use crate::sink::amqp::AmqpConfig;
+use crate::sink::nats::NatsConfig;
 use crate::sink::sqs::SqsConfig;
 use crate::sink::SinkConfig;
 use crate::store::{DatabaseConfig, Endpoint, Ordering, Pooler};
@@ -41,6 +42,10 @@ pub mod var {
     pub const AMQP_CLIENT_KEY_FILE: &str = "OUTBOX_AMQP_CLIENT_KEY_FILE";
     pub const SQS_QUEUE_URL: &str = "OUTBOX_SQS_QUEUE_URL";
     pub const SQS_ENDPOINT_URL: &str = "OUTBOX_SQS_ENDPOINT_URL";
+    pub const NATS_URL: &str = "OUTBOX_NATS_URL";
+    pub const NATS_SUBJECT: &str = "OUTBOX_NATS_SUBJECT";
+    pub const NATS_CREDS_FILE: &str = "OUTBOX_NATS_CREDS_FILE";
+    pub const NATS_CA_FILE: &str = "OUTBOX_NATS_CA_FILE";
     pub const BATCH_SIZE: &str = "OUTBOX_BATCH_SIZE";
     pub const POLL_INTERVAL: &str = "OUTBOX_POLL_INTERVAL";
     pub const MAX_ATTEMPTS: &str = "OUTBOX_MAX_ATTEMPTS";
@@ -139,7 +144,7 @@ impl ListenSettings {
 /// Settings of the sink the relay publishes to.
 #[derive(Debug, Clone, Args)]
 pub struct SinkSettings {
-    /// Where events go: `rabbitmq` or `sqs`.
+    /// Where events go: `rabbitmq`, `sqs` or `nats`.
     #[arg(long, env = var::SINK, default_value = "rabbitmq")]
     pub sink: String,
 
@@ -185,6 +190,29 @@ pub struct SinkSettings {
     /// Endpoint override for SQS emulators (LocalStack, ElasticMQ, moto).
     #[arg(long, env = var::SQS_ENDPOINT_URL)]
     pub sqs_endpoint_url: Option<String>,
+
+    /// NATS server URL(s), comma-separated (`nats://` or `tls://`); a
+    /// `user:password@` or `token@` in them is used to authenticate.
+    #[arg(
+        long,
+        env = var::NATS_URL,
+        default_value = "nats://localhost:4222",
+        hide_env_values = true
+    )]
+    pub nats_url: String,
+
+    /// Subject template; `{event_type}` and `{aggregate_id}` are substituted.
+    #[arg(long, env = var::NATS_SUBJECT, default_value = "outbox.{event_type}")]
+    pub nats_subject: String,
+
+    /// NATS credentials file (user JWT and NKey seed).
+    #[arg(long, env = var::NATS_CREDS_FILE)]
+    pub nats_creds_file: Option<String>,
+
+    /// PEM CA bundle the NATS server's certificate must chain to (`tls://`);
+    /// the system's CAs when unset.
+    #[arg(long, env = var::NATS_CA_FILE)]
+    pub nats_ca_file: Option<String>,
 }
 
 impl SinkSettings {
@@ -209,9 +237,16 @@ impl SinkSettings {
                 SqsConfig::from_settings(self.sqs_queue_url.as_deref(), self.sqs_endpoint_url.as_deref())
                     .map(SinkConfig::Sqs)
             }
+            "nats" => NatsConfig::parse(
+                &self.nats_url,
+                &self.nats_subject,
+                non_empty(&self.nats_creds_file),
+                non_empty(&self.nats_ca_file),
+            )
+            .map(SinkConfig::Nats),
             other => Err(ConfigError::new(
                 var::SINK,
-                format!("'{other}' is not one of rabbitmq, sqs"),
+                format!("'{other}' is not one of rabbitmq, sqs, nats"),
             )),
         }
     }

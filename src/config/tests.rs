@@ -36,6 +36,10 @@ fn sink_settings() -> SinkSettings {
         amqp_client_key_file: None,
         sqs_queue_url: None,
         sqs_endpoint_url: None,
+        nats_url: "nats://localhost:4222".into(),
+        nats_subject: "outbox.{event_type}".into(),
+        nats_creds_file: None,
+        nats_ca_file: None,
     }
 }
 
@@ -192,6 +196,28 @@ fn sink_errors_name_their_variable() {
         bad_key.validate().unwrap_err().variable,
         "OUTBOX_AMQP_ROUTING_KEY"
     );
+    let nats = SinkSettings {
+        sink: "nats".into(),
+        ..sink_settings()
+    };
+    assert!(matches!(nats.validate(), Ok(crate::sink::SinkConfig::Nats(_))));
+    let bad_subject = SinkSettings {
+        sink: "nats".into(),
+        nats_subject: "outbox.>".into(),
+        ..sink_settings()
+    };
+    assert_eq!(
+        bad_subject.validate().unwrap_err().variable,
+        "OUTBOX_NATS_SUBJECT"
+    );
+    let bad_nats = SinkSettings {
+        sink: "nats".into(),
+        nats_url: "nats://user:hunter2@".into(),
+        ..sink_settings()
+    };
+    let error = bad_nats.validate().unwrap_err();
+    assert_eq!(error.variable, "OUTBOX_NATS_URL");
+    assert!(!error.to_string().contains("hunter2"), "{error}");
 }
 
 #[test]

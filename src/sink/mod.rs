@@ -9,6 +9,7 @@
 //! the relay from claiming during an outage.
 
 pub mod amqp;
+pub mod nats;
 pub mod sqs;
 
 use std::sync::Mutex;
@@ -26,6 +27,8 @@ pub enum SinkConfig {
     RabbitMq(amqp::AmqpConfig),
     /// Amazon SQS, standard or FIFO.
     Sqs(sqs::SqsConfig),
+    /// NATS JetStream, deduplicated on the event id (`Nats-Msg-Id`).
+    Nats(nats::NatsConfig),
 }
 
 /// What happened to one event of a batch.
@@ -80,7 +83,7 @@ pub trait Sink: Send + Sync {
     /// Connects if needed and checks the broker answers.
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>>;
 
-    /// A name for logs and metrics (`rabbitmq`, `sqs`).
+    /// A name for logs and metrics (`rabbitmq`, `sqs`, `nats`).
     fn kind(&self) -> &'static str;
 }
 
@@ -90,6 +93,7 @@ pub async fn build(config: &SinkConfig) -> Result<Box<dyn Sink>, SinkError> {
     match config {
         SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone()))),
         SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs).await?)),
+        SinkConfig::Nats(nats) => Ok(Box::new(nats::NatsSink::new(nats.clone()))),
     }
 }
 

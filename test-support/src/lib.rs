@@ -1,6 +1,7 @@
 //! Test support shared by the workspace's integration tests and the
 //! benchmark: a database of its own per test, a RabbitMQ exchange and queue
-//! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), the relay
+//! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), a NATS
+//! JetStream stream of its own ([`nats`]), the relay
 //! binary as a child process ([`relay_process`]), a cuttable TCP proxy
 //! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
 //! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
@@ -10,9 +11,9 @@
 //! ([`servers`]) — and [`eventually`], which waits on a condition instead
 //! of sleeping.
 //!
-//! The brokers' clients come with features, `amqp` (lapin) and `sqs`
-//! (aws-sdk-sqs), both on by default: a crate whose tests need PostgreSQL
-//! only turns them off and pulls in neither.
+//! The brokers' clients come with features, `amqp` (lapin), `sqs`
+//! (aws-sdk-sqs) and `nats` (async-nats), all on by default: a crate whose tests need PostgreSQL
+//! only turns them off and pulls in none of them.
 //!
 //! Only the package that builds the relay knows where its binary is (cargo
 //! sets `CARGO_BIN_EXE_outbox-relay` for that package's own tests and
@@ -23,6 +24,8 @@
 #[cfg(feature = "amqp")]
 pub mod broker;
 pub mod db;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod private_postgres;
 #[cfg(feature = "amqp")]
 pub mod private_rabbit;
@@ -40,6 +43,8 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "amqp")]
 pub use broker::{amqp_url, Received, TestBroker};
 pub use db::{hang_marks, pg_admin_url, release_marks, NoRelay, TestDb};
+#[cfg(feature = "nats")]
+pub use nats::{nats_url, Stored, StreamLimits, TestStream};
 pub use relay_process::{quick_settings, run_to_end, with, RelayBinary, RelayProcess};
 
 /// A name no other test uses, for a database, an exchange or a queue.

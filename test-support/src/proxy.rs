@@ -1,10 +1,13 @@
 //! A TCP proxy the test controls, so a test can cut the relay's own
-//! connections to a shared server without disturbing anyone else's.
+//! connections to a shared server without disturbing anyone else's, or
+//! make them slow (a round trip of a known length).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -19,6 +22,14 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on an ephemeral local port.
     pub async fn start(target: SocketAddr) -> Self {
+        Self::start_with_latency(target, Duration::ZERO).await
+    }
+
+    /// Like [`Proxy::start`], holding everything read in either direction
+    /// for `latency` before passing it on: what arrives meanwhile goes with
+    /// it, so pipelined requests share one delay, and a client waiting for
+    /// each answer before the next request pays it every time.
+    pub async fn start_with_latency(target: SocketAddr, latency: Duration) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let (generation, _) = watch::channel(0u64);
@@ -38,8 +49,18 @@ impl Proxy {
                             return;
                         };
                         let mut inbound = inbound;
+                        if latency.is_zero() {
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                                _ = cut.changed() => {}
+                            }
+                            return;
+                        }
+                        let (from_client, to_server) = inbound.split();
+                        let (from_server, to_client) = outbound.split();
                         tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = delayed_copy(from_client, to_server, latency) => {}
+                            _ = delayed_copy(from_server, to_client, latency) => {}
                             _ = cut.changed() => {}
                         }
                     });
@@ -62,6 +83,35 @@ impl Proxy {
     /// Refuses (closes at once) new connections while `on`.
     pub fn refuse(&self, on: bool) {
         self.refusing.store(on, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to`, each read held for `latency` first.
+async fn delayed_copy(
+    mut from: tokio::net::tcp::ReadHalf<'_>,
+    mut to: tokio::net::tcp::WriteHalf<'_>,
+    latency: Duration,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let Ok(read) = from.read(&mut buffer).await else {
+            return;
+        };
+        if read == 0 {
+            return;
+        }
+        tokio::time::sleep(latency).await;
+        // What came while sleeping goes out with this read, in order.
+        let mut pending = buffer[..read].to_vec();
+        loop {
+            match from.try_read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(more) => pending.extend_from_slice(&buffer[..more]),
+            }
+        }
+        if to.write_all(&pending).await.is_err() {
+            return;
+        }
     }
 }
 

@@ -26,6 +26,11 @@
 //! row ends with the one attempt that delivered it, and, three attempts
 //! allowed, nothing is quarantined.
 //!
+//! One run publishes to NATS JetStream, which deduplicates on the event id
+//! (`Nats-Msg-Id`) within the stream's duplicate window: there the stream
+//! itself must hold every event exactly once, kills and cuts
+//! notwithstanding.
+//!
 //! One run routes the relays' database connections through PgBouncer in
 //! transaction mode (`OUTBOX_DATABASE_POOLER=transaction`), with the same
 //! chaos and the same checks.
@@ -54,7 +59,7 @@ use common::private_rabbit::PrivateRabbit;
 use common::proxy::Proxy;
 use common::servers::PgBouncer;
 use common::sqs::TestQueue;
-use common::{eventually, TestBroker, TestDb};
+use common::{eventually, Stored, TestBroker, TestDb, TestStream};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
@@ -454,4 +459,85 @@ async fn sqs_fifo_with_aggregate_ordering_under_chaos_keeps_group_order_and_appl
     // not bounded by attempts here; FIFO deduplication usually hides those.
     run.verify(consumer, chaos, false).await;
     queue.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_jetstream_relays_killed_and_cut_at_random_store_every_event_exactly_once() {
+    let scenario = Scenario {
+        name: "nats jetstream",
+        // Half the main run: the same chaos, and the stream is read back
+        // message by message at the end.
+        events: 10_000,
+        // JetStream routes by subject; every row has a stream.
+        unroutable_every: 0,
+        ..MAIN_RUN
+    };
+    let mut run = Run::begin(scenario).await;
+    // Its duplicate window (10 minutes) outlasts the run, so every
+    // republication meets the first copy.
+    let stream = TestStream::create().await;
+    let chaos = run
+        .relays_under_chaos(common::nats::nats_addr(), |proxy| {
+            stream.env_via(&format!("nats://{}", proxy.addr))
+        })
+        .await;
+    let stored = stream.messages().await;
+    let mut copies: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for message in &stored {
+        *copies.entry(message.msg_id()).or_default() += 1;
+    }
+    let duplicated = copies.values().filter(|&&count| count > 1).count();
+    let rows: HashSet<String> = run
+        .db
+        .ids_where("true")
+        .await
+        .iter()
+        .map(Uuid::to_string)
+        .collect();
+    let in_stream: HashSet<String> = stored.iter().map(Stored::msg_id).collect();
+    let attempts = run
+        .db
+        .column::<i64>("SELECT sum(attempt_count)::bigint FROM outbox_event", &[])
+        .await;
+    eprintln!(
+        "crash suite [{}]: seed {}, {} events, {} messages in the stream, {} attempts in all, {:?}",
+        run.scenario.name,
+        run.seed,
+        rows.len(),
+        stored.len(),
+        attempts[0],
+        run.started.elapsed()
+    );
+    assert_eq!(
+        rows.len(),
+        usize::try_from(run.scenario.events).unwrap(),
+        "the producer inserted every event"
+    );
+    assert_eq!(
+        run.db.count("quarantined_at IS NOT NULL").await,
+        0,
+        "nothing quarantined"
+    );
+    assert_eq!(
+        run.db.count("published_at IS NULL").await,
+        0,
+        "every row published"
+    );
+    assert_eq!(
+        in_stream.difference(&rows).count(),
+        0,
+        "nothing in the stream that is not a row"
+    );
+    assert_eq!(
+        rows.difference(&in_stream).count(),
+        0,
+        "0 lost: every event is in the stream"
+    );
+    assert_eq!(
+        duplicated, 0,
+        "0 duplicates in the stream, whatever the chaos ({chaos:?})"
+    );
+    assert_eq!(stored.len(), rows.len());
+    run.stop.cancel();
+    stream.cleanup().await;
 }

@@ -124,6 +124,12 @@ Deployment, so every render runs them.
 {{- if and .Values.amqp.existingSecret $c.OUTBOX_AMQP_URL }}
 {{- fail "set either amqp.existingSecret or config.OUTBOX_AMQP_URL, not both" }}
 {{- end }}
+{{- if and .Values.nats.existingSecret $c.OUTBOX_NATS_URL }}
+{{- fail "set either nats.existingSecret or config.OUTBOX_NATS_URL, not both" }}
+{{- end }}
+{{- if and .Values.nats.credsSecret $c.OUTBOX_NATS_CREDS_FILE }}
+{{- fail "set either nats.credsSecret or config.OUTBOX_NATS_CREDS_FILE, not both (the chart points the variable at the mounted file)" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -140,6 +146,17 @@ relay's own default applies.
       name: {{ .Values.amqp.existingSecret }}
       key: {{ .Values.amqp.secretKey }}
 {{- end }}
+{{- if .Values.nats.existingSecret }}
+- name: OUTBOX_NATS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.nats.existingSecret }}
+      key: {{ .Values.nats.secretKey }}
+{{- end }}
+{{- if .Values.nats.credsSecret }}
+- name: OUTBOX_NATS_CREDS_FILE
+  value: {{ printf "%s/%s" (trimSuffix "/" .Values.nats.credsMountPath) .Values.nats.credsKey | quote }}
+{{- end }}
 {{- range $name, $value := .Values.config }}
 {{- if ne (include "outbox-relay.envValue" $value) "" }}
 - name: {{ $name }}
@@ -152,9 +169,10 @@ relay's own default applies.
 {{- end }}
 
 {{/*
-The certificate files of tls.existingSecret: the pod volume and the
-container mount, shared by the Deployment and the migrate Job so that both
-find the files the database URL names. World-readable inside the pod: the
+The certificate files of tls.existingSecret, and the NATS credentials file
+of nats.credsSecret: the pod volumes and the container mounts, shared by the
+Deployment and the migrate Job so that both find the files the settings
+name (the Job validates the same configuration). World-readable inside the pod: the
 relay runs as a non-root user the Secret's files would otherwise not be
 readable by, and it is the only process in its container.
 */}}
@@ -165,12 +183,26 @@ readable by, and it is the only process in its container.
     secretName: {{ .Values.tls.existingSecret }}
     defaultMode: 0444
 {{- end }}
+{{- if .Values.nats.credsSecret }}
+- name: nats-creds
+  secret:
+    secretName: {{ .Values.nats.credsSecret }}
+    defaultMode: 0444
+    items:
+      - key: {{ .Values.nats.credsKey }}
+        path: {{ .Values.nats.credsKey }}
+{{- end }}
 {{- end }}
 
 {{- define "outbox-relay.tlsMount" -}}
 {{- if .Values.tls.existingSecret }}
 - name: tls
   mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if .Values.nats.credsSecret }}
+- name: nats-creds
+  mountPath: {{ .Values.nats.credsMountPath }}
   readOnly: true
 {{- end }}
 {{- end }}

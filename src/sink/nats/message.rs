@@ -1,0 +1,161 @@
+//! One event as a NATS message: its subject, its headers and its size as
+//! the server counts it, and the checks that refuse a row before it is
+//! sent when it could never be stored.
+//!
+//! Every header is set in [`headers`], so that headers carried from the
+//! row itself are added in one place.
+
+use async_nats::header::NATS_MESSAGE_ID;
+use async_nats::HeaderMap;
+
+use super::config::check_subject;
+use crate::event::Event;
+use crate::sink::amqp::RoutingKeyTemplate;
+
+/// The headers of an event's message: `Nats-Msg-Id` = id (JetStream's
+/// deduplication key), `Content-Type`, `event_type`, `aggregate_id` and
+/// `causation_id` when set. Public so that the benchmark's bare publisher
+/// sends exactly the relay's messages.
+pub fn headers(event: &Event) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(NATS_MESSAGE_ID, event.id.to_string().as_str());
+    headers.insert("Content-Type", "application/json");
+    headers.insert("event_type", event.event_type.as_str());
+    headers.insert("aggregate_id", event.aggregate_id.as_str());
+    if let Some(causation_id) = event.causation_id {
+        headers.insert("causation_id", causation_id.to_string().as_str());
+    }
+    headers
+}
+
+/// The bytes the server counts against its `max_payload` for a message:
+/// the header block as the protocol writes it (`NATS/1.0`, one line per
+/// header, a blank line) plus the payload.
+pub(super) fn wire_size(headers: &HeaderMap, payload: &str) -> usize {
+    let mut size = "NATS/1.0\r\n".len() + "\r\n".len();
+    for (name, values) in headers.iter() {
+        for value in values {
+            size += AsRef::<str>::as_ref(name).len() + ": ".len() + value.as_str().len() + "\r\n".len();
+        }
+    }
+    size + payload.len()
+}
+
+/// An event ready to publish: its subject and headers.
+#[derive(Debug)]
+pub(super) struct Prepared {
+    pub subject: String,
+    pub headers: HeaderMap,
+}
+
+/// Builds the message of `event`, or says why it can never be published:
+/// larger than the server's `max_payload` (the server would close the
+/// connection, failing the batch-mates too), a subject the template makes
+/// unpublishable, or a header value with a line break (which would end
+/// the header block early).
+pub(super) fn prepare(
+    event: &Event,
+    subject: &RoutingKeyTemplate,
+    max_payload: usize,
+) -> Result<Prepared, String> {
+    for (name, value) in [
+        ("event_type", &event.event_type),
+        ("aggregate_id", &event.aggregate_id),
+    ] {
+        if value.contains(['\r', '\n']) {
+            return Err(format!(
+                "{name} contains a line break, which a NATS header cannot carry"
+            ));
+        }
+    }
+    let rendered = subject.render(&event.event_type, &event.aggregate_id);
+    check_subject(&rendered).map_err(|e| format!("subject '{rendered}' {e}"))?;
+    let headers = headers(event);
+    let size = wire_size(&headers, &event.payload);
+    if size > max_payload {
+        return Err(format!(
+            "message of {size} bytes (payload and headers) exceeds the NATS server's max_payload of {max_payload} bytes"
+        ));
+    }
+    Ok(Prepared {
+        subject: rendered,
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    fn event(event_type: &str, aggregate_id: &str, payload: &str) -> Event {
+        Event {
+            id: Uuid::new_v4(),
+            causation_id: None,
+            event_type: event_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            payload: payload.to_owned(),
+            created_at: Utc::now(),
+            attempt_count: 1,
+        }
+    }
+
+    fn template(raw: &str) -> RoutingKeyTemplate {
+        RoutingKeyTemplate::parse(raw).unwrap()
+    }
+
+    #[test]
+    fn headers_carry_the_id_and_the_row_fields() {
+        let mut e = event("order.paid", "order-7", "{}");
+        let headers = headers(&e);
+        assert_eq!(
+            headers.get(NATS_MESSAGE_ID).map(|v| v.as_str().to_owned()),
+            Some(e.id.to_string())
+        );
+        assert_eq!(headers.get("event_type").unwrap().as_str(), "order.paid");
+        assert_eq!(headers.get("aggregate_id").unwrap().as_str(), "order-7");
+        assert_eq!(headers.get("Content-Type").unwrap().as_str(), "application/json");
+        assert!(headers.get("causation_id").is_none());
+        let cause = Uuid::new_v4();
+        e.causation_id = Some(cause);
+        assert_eq!(
+            super::headers(&e).get("causation_id").unwrap().as_str(),
+            cause.to_string()
+        );
+    }
+
+    #[test]
+    fn the_size_counts_the_header_block() {
+        let mut headers = HeaderMap::new();
+        headers.insert("a", "bc");
+        // "NATS/1.0\r\n" + "a: bc\r\n" + "\r\n" + payload
+        assert_eq!(wire_size(&headers, "12345"), 10 + 7 + 2 + 5);
+    }
+
+    #[test]
+    fn rows_that_can_never_be_published_are_named() {
+        let subject = template("outbox.{event_type}");
+        let ok = prepare(&event("order.paid", "a", "{}"), &subject, 1024).unwrap();
+        assert_eq!(ok.subject, "outbox.order.paid");
+        let big = event("order.paid", "a", &"x".repeat(1024));
+        assert!(prepare(&big, &subject, 1024)
+            .unwrap_err()
+            .contains("max_payload of 1024"));
+        let fits = prepare(&big, &subject, 4096);
+        assert!(fits.is_ok());
+        assert!(prepare(&event("order paid", "a", "{}"), &subject, 1024)
+            .unwrap_err()
+            .contains("white space"));
+        assert!(prepare(&event("order.", "a", "{}"), &subject, 1024)
+            .unwrap_err()
+            .contains("empty token"));
+        assert!(prepare(&event("*", "a", "{}"), &subject, 1024)
+            .unwrap_err()
+            .contains("wildcard"));
+        let by_aggregate = template("events.{aggregate_id}");
+        assert!(prepare(&event("t", "a\r\nX-Evil: 1", "{}"), &by_aggregate, 1024)
+            .unwrap_err()
+            .contains("line break"));
+    }
+}
