@@ -56,8 +56,8 @@ impl Proxy {
                             }
                             return;
                         }
-                        let (from_client, to_server) = inbound.split();
-                        let (from_server, to_client) = outbound.split();
+                        let (from_client, to_client) = inbound.split();
+                        let (from_server, to_server) = outbound.split();
                         tokio::select! {
                             _ = delayed_copy(from_client, to_server, latency) => {}
                             _ = delayed_copy(from_server, to_client, latency) => {}
