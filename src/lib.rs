@@ -19,7 +19,7 @@
 //! - [`store`] — every SQL statement (files in `src/store/sql/`), the table and database
 //!   settings, the embedded migrations, LISTEN.
 //! - [`sink`] — the [`sink::Sink`] contract and one folder per broker: [`sink::amqp`],
-//!   [`sink::sqs`].
+//!   [`sink::sqs`], [`sink::nats`].
 //! - [`retry`] — a row's backoff between attempts, a pure function of the attempt.
 //! - [`outage`] — a dependency outage, logged once, waited out with the one in-process retry
 //!   policy.
@@ -27,7 +27,7 @@
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.
 //! - [`maintenance`] — the backlog gauges' refresher and retention of published rows.
 //! - [`cli`] — the command line and the admin commands.
-//! - [`tls`] — TLS for PostgreSQL and RabbitMQ alike: certificate files, trust levels, and
+//! - [`tls`] — TLS for PostgreSQL, RabbitMQ and NATS alike: certificate files, trust levels, and
 //!   certificate failures in words.
 //! - [`telemetry`] — logging.
 //!

@@ -1,4 +1,4 @@
-//! TLS for every connection the relay opens, PostgreSQL and RabbitMQ alike:
+//! TLS for every connection the relay opens, PostgreSQL, RabbitMQ and NATS alike:
 //! one stack (rustls with the aws-lc-rs provider), certificate files read
 //! and checked at start-up, and failures put in words an operator can act
 //! on ("unknown CA", "expired", "name mismatch") instead of rustls' enum

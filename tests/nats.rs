@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use common::proxy::Proxy;
+use common::servers::{Certs, PrivateNats};
 use common::system::free_port;
 use common::{
     eventually, nats_url, quick_settings, with, RelayProcess, Stored, StreamLimits, TestDb, TestStream,
@@ -473,5 +474,57 @@ async fn a_relay_killed_between_ack_and_mark_republishes_under_the_same_id_and_t
     assert_eq!(stored.len(), 1, "the stream holds the event once");
     assert_fields(&stored[0], &row, &stream);
     drop(relay);
+    stream.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_and_a_password_in_the_url_work_and_the_password_is_never_shown() {
+    const PASSWORD: &str = "s3cr3t-Pa55";
+    let certs = Certs::generate("relay");
+    let server = PrivateNats::start_tls(&certs, "relay", PASSWORD);
+    let url = format!("tls://localhost:{}", server.port);
+    let client = async_nats::ConnectOptions::new()
+        .user_and_password("relay".into(), PASSWORD.into())
+        .add_root_certificates(certs.path("ca.pem").into())
+        .require_tls(true)
+        .connect(&url)
+        .await
+        .expect("the test reaches its NATS server");
+    let stream = TestStream::unnamed(&url, async_nats::jetstream::new(client));
+    stream.add(&StreamLimits::default()).await;
+    let db = TestDb::migrated().await;
+    let rows = insert_varied(&db, 20).await;
+    let with_password = format!("tls://relay:{PASSWORD}@localhost:{}", server.port);
+    let ca = certs.path("ca.pem");
+    let env = with(fast(&stream, &with_password), &[("OUTBOX_NATS_CA_FILE", &ca)]);
+
+    // Without the CA file, the server's certificate is not trusted:
+    // `check` says so, without the password.
+    let plain = fast(&stream, &with_password);
+    let untrusted: Vec<(&str, &str)> = plain.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let check = db
+        .relay_command(&["check"], &untrusted)
+        .output()
+        .expect("run check");
+    let said = String::from_utf8_lossy(&check.stderr).into_owned() + &String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "check fails: {said}");
+    assert!(said.contains("NATS"), "check names NATS: {said}");
+    assert!(!said.contains(PASSWORD), "check shows the password: {said}");
+
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = lines.clone();
+    let (relay, reader) =
+        RelayProcess::start_reading_log(&db, &with(env, &[("RUST_LOG", "debug")]), move |line| {
+            seen.lock().unwrap().push(line.to_owned())
+        });
+    all_published(&db, &rows).await;
+    assert_eq!(stream.count().await, rows.len() as u64);
+    drop(relay);
+    reader.join().expect("log reader");
+    let lines = lines.lock().unwrap();
+    assert!(!lines.is_empty());
+    for line in lines.iter() {
+        assert!(!line.contains(PASSWORD), "a log line shows the password: {line}");
+    }
     stream.cleanup().await;
 }

@@ -333,3 +333,51 @@ impl Stunnel {
         }
     }
 }
+
+/// A NATS server of the test's own, with JetStream, TLS (`certs`' server
+/// certificate for `localhost`) and one user, for what the shared server
+/// is not set up for.
+pub struct PrivateNats {
+    pub port: u16,
+    _process: Guard,
+    _dir: OwnedDir,
+}
+
+impl PrivateNats {
+    /// Starts `nats-server -js` on a free loopback port, requiring TLS and
+    /// the user `user` with `password`.
+    pub fn start_tls(certs: &Certs, user: &str, password: &str) -> Self {
+        let nats = program(
+            &["nats-server"],
+            "install it (Debian: apt-get install nats-server)",
+        );
+        let dir = temp_dir("outbox-test-nats");
+        let port = free_port();
+        let log = dir.path.join("nats.log");
+        let store = dir.path.join("jetstream");
+        let child = Command::new(nats)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
+            .args([
+                "--tlscert",
+                &certs.path("server.pem"),
+                "--tlskey",
+                &certs.path("server.key"),
+            ])
+            .args(["--user", user, "--pass", password])
+            .arg("-sd")
+            .arg(&store)
+            .arg("-l")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        let process = Guard(child);
+        wait_for_port(port, "nats-server", &log);
+        Self {
+            port,
+            _process: process,
+            _dir: dir,
+        }
+    }
+}
