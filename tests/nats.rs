@@ -521,9 +521,9 @@ async fn tls_and_a_password_in_the_url_work_and_the_password_is_never_shown() {
     assert_eq!(stream.count().await, rows.len() as u64);
     drop(relay);
     reader.join().expect("log reader");
-    let lines = lines.lock().unwrap();
+    let lines = std::mem::take(&mut *lines.lock().unwrap());
     assert!(!lines.is_empty());
-    for line in lines.iter() {
+    for line in &lines {
         assert!(!line.contains(PASSWORD), "a log line shows the password: {line}");
     }
     stream.cleanup().await;
