@@ -225,6 +225,7 @@ async fn a_duplicate_acknowledgement_counts_as_published() {
         payload: row.payload.clone(),
         created_at: chrono::Utc::now(),
         attempt_count: 1,
+        headers: Default::default(),
     };
     let ack = stream
         .context()

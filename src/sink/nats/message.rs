@@ -25,7 +25,38 @@ pub fn headers(event: &Event) -> HeaderMap {
     if let Some(causation_id) = event.causation_id {
         headers.insert("causation_id", causation_id.to_string().as_str());
     }
+    // The producer's headers (W3C trace context included), verbatim;
+    // `check_headers` has refused the names NATS or the relay own.
+    for (name, value) in event.headers.iter() {
+        headers.insert(name, value);
+    }
     headers
+}
+
+/// Whether NATS can carry the producer's headers: names of printable ASCII
+/// without `:`, values without line breaks, and none that NATS acts on
+/// (`Nats-*`: deduplication, expectations, rollups, TTLs) or that the
+/// relay sets (`Content-Type`; the row's own fields are refused when the
+/// column is read).
+fn check_headers(event: &Event) -> Result<(), String> {
+    for (name, value) in event.headers.iter() {
+        let shown = crate::headers::printable(name);
+        if !name.bytes().all(|b| (33..=126).contains(&b) && b != b':') {
+            return Err(format!(
+                "headers: \"{shown}\" is not a NATS header name (printable ASCII, no ':' or space)"
+            ));
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("nats-") || lower == "content-type" {
+            return Err(format!(
+                "headers: \"{shown}\" is reserved on NATS (Nats-* headers steer JetStream; the relay sets Content-Type)"
+            ));
+        }
+        if value.contains(['\r', '\n']) {
+            return Err(format!("headers: the value of \"{shown}\" contains a line break"));
+        }
+    }
+    Ok(())
 }
 
 /// The bytes the server counts against its `max_payload` for a message:
@@ -68,6 +99,7 @@ pub(super) fn prepare(
             ));
         }
     }
+    check_headers(event)?;
     let rendered = subject.render(&event.event_type, &event.aggregate_id);
     check_subject(&rendered).map_err(|e| format!("subject '{rendered}' {e}"))?;
     let headers = headers(event);
@@ -98,6 +130,7 @@ mod tests {
             payload: payload.to_owned(),
             created_at: Utc::now(),
             attempt_count: 1,
+            headers: crate::headers::Headers::default(),
         }
     }
 
@@ -123,6 +156,32 @@ mod tests {
             super::headers(&e).get("causation_id").unwrap().as_str(),
             cause.to_string()
         );
+    }
+
+    #[test]
+    fn producer_headers_are_carried_and_names_nats_owns_refused() {
+        let subject = template("outbox.{event_type}");
+        let mut e = event("order.paid", "a", "{}");
+        e.headers = crate::headers::Headers::from_pairs(vec![
+            (
+                "traceparent".into(),
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            ),
+            ("tenant".into(), "acme".into()),
+        ]);
+        let prepared = prepare(&e, &subject, 4096).unwrap();
+        assert_eq!(prepared.headers.get("tenant").unwrap().as_str(), "acme");
+        assert!(prepared.headers.get("traceparent").is_some());
+        for (name, value, says) in [
+            ("Nats-Expected-Stream", "x", "reserved on NATS"),
+            ("content-type", "text/plain", "reserved on NATS"),
+            ("with space", "x", "not a NATS header name"),
+            ("tenant", "a\r\nb", "line break"),
+        ] {
+            e.headers = crate::headers::Headers::from_pairs(vec![(name.into(), value.into())]);
+            let reason = prepare(&e, &subject, 4096).unwrap_err();
+            assert!(reason.contains(says), "{name}: {reason}");
+        }
     }
 
     #[test]
