@@ -159,9 +159,15 @@ pub async fn migrate(
                 .await?;
             lock_session(client).await?;
             let result = async {
+                let started = std::time::Instant::now();
                 let tx = client.transaction().await?;
                 let mut done = apply_catalog(&tx, table, notify_trigger).await?;
                 tx.commit().await?;
+                // How long producers could have waited for this run.
+                info!(
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "catalog changes committed"
+                );
                 done.extend(indexes::ensure(&*client, table, &plan, Build::Concurrently).await?);
                 Ok::<_, StoreError>(done)
             }
@@ -304,5 +310,36 @@ fn history_table(table: &TableName) -> String {
     match table.schema() {
         Some(schema) => format!("\"{schema}\".\"outbox_relay_migrations\""),
         None => "\"outbox_relay_migrations\"".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_embedded_migration_is_understood_and_its_indexes_planned() {
+        let table = TableName::parse("app.outbox_event").unwrap();
+        let plan = index_plan(&table).unwrap();
+        let names: Vec<&str> = plan.wanted.iter().map(|index| index.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "outbox_event_pending_idx",
+                "outbox_event_quarantined_idx",
+                "outbox_event_published_idx",
+                "outbox_event_aggregate_idx"
+            ]
+        );
+        assert!(plan.wanted[0]
+            .create_sql(true)
+            .starts_with("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_event_pending_idx\" ON \"app\".\"outbox_event\" (created_at, id)"));
+        for migration in MIGRATIONS {
+            let catalog = migration.catalog_sql(&table).unwrap();
+            assert!(!catalog.contains("CREATE INDEX"), "{}", migration.name);
+            assert!(!catalog.contains('{'), "a placeholder left in {}", migration.name);
+        }
+        let indexes = MIGRATIONS.iter().find(|m| m.version == 3).unwrap();
+        assert!(indexes.catalog_sql(&table).unwrap().contains("fillfactor = 80"));
     }
 }
