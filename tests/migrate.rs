@@ -559,6 +559,18 @@ async fn a_producer_inserts_while_migrate_builds_the_indexes_of_a_seed_table() {
 /// `migrate` drops it and builds the index the migration defines.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_index_left_invalid_by_an_interrupted_build_is_rebuilt() {
+    rebuilds_an_invalid_index(&[]).await;
+}
+
+/// The same through a transaction pooler, where migrate builds inside its
+/// transaction (here the setting on a direct URL: what migrate does is
+/// the same).
+#[tokio::test(flavor = "multi_thread")]
+async fn through_a_transaction_pooler_an_invalid_index_is_rebuilt_in_the_transaction() {
+    rebuilds_an_invalid_index(&[("OUTBOX_DATABASE_POOLER", "transaction")]).await;
+}
+
+async fn rebuilds_an_invalid_index(env: &[(&str, &str)]) {
     let db = TestDb::migrated().await;
     db.insert_events(50, "same.type").await;
     db.client
@@ -580,7 +592,7 @@ async fn an_index_left_invalid_by_an_interrupted_build_is_rebuilt() {
         .await;
     assert_eq!(valid, [false], "an invalid index is left under the expected name");
 
-    let out = migrate(&db, None);
+    let out = db.relay_command(&["migrate"], env).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
     let definition: Vec<String> = db
