@@ -3,6 +3,8 @@
 -- row) and leases what is left for $2 milliseconds, counting the attempt.
 -- A payload larger than $4 bytes is not returned, only its size. Candidate
 -- rows cut here are not updated; their locks end with the statement.
+-- {headers} is the producer's optional headers column as text
+-- (`t.headers::text`), or `NULL::text` on a table without it.
 budgeted AS (
     SELECT id, payload_bytes
     FROM (
@@ -21,4 +23,5 @@ FROM budgeted AS b
 WHERE t.id = b.id
 RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
           CASE WHEN b.payload_bytes <= $4::bigint THEN t.payload::text END,
-          b.payload_bytes::bigint, t.created_at::timestamptz, t.attempt_count::int4
+          b.payload_bytes::bigint, t.created_at::timestamptz, t.attempt_count::int4,
+          {headers}
