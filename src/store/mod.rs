@@ -53,6 +53,10 @@ pub enum StoreError {
     /// A statement did not finish in time.
     #[error("database query timed out after {0:?}")]
     Timeout(Duration),
+    /// A migration cannot be applied as written, or left the table short
+    /// of what it should have.
+    #[error("{0}")]
+    Migration(String),
 }
 
 /// The driver's top-level messages ("db error", "error connecting to
