@@ -37,6 +37,11 @@ pub(super) fn classify(error: &PublishError) -> Verdict {
         PublishErrorKind::MaxAckPending => {
             Verdict::Server("too many acknowledgements pending on the NATS connection".to_owned())
         }
+        // The relay checks the size against the server's max_payload before
+        // sending; the client checking it too means the row can never go.
+        PublishErrorKind::MaxPayloadExceeded => Verdict::Row(Outcome::Reject(format!(
+            "larger than the NATS server's max_payload: {error}"
+        ))),
         // Only sent with expected-last headers, which the relay never sets.
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
             Verdict::Row(Outcome::Retry(format!("JetStream refused the message: {error}")))
