@@ -71,7 +71,9 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
             "outbox_event_pending_idx",
             "outbox_event_pkey",
             "outbox_event_published_idx",
-            "outbox_event_quarantined_idx"
+            "outbox_event_quarantined_idx",
+            "outbox_event_tried_idx",
+            "outbox_event_untried_idx"
         ]
     );
     let history: i64 = db
@@ -80,7 +82,7 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 6, "each migration recorded once");
+    assert_eq!(history, 7, "each migration recorded once");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(4, "0004_aggregate_order_index.sql"),
     migration!(5, "0005_notify_trigger.sql"),
     migration!(6, "0006_gauges_state.sql"),
+    migration!(7, "0007_claim_paths.sql"),
 ];
 
 /// The state table of the gauges (0006), beside the outbox table.
@@ -57,6 +58,8 @@ fn render(sql: &str, table: &TableName) -> String {
         .replace("{quarantined_index}", &table.derived("quarantined_idx"))
         .replace("{published_index}", &table.derived("published_idx"))
         .replace("{aggregate_index}", &table.derived("aggregate_idx"))
+        .replace("{untried_index}", &table.derived("untried_idx"))
+        .replace("{tried_index}", &table.derived("tried_idx"))
         .replace("{notify_function}", &table.qualified_derived("relay_notify"))
         .replace("{notify_trigger}", &table.derived("relay_notify"))
         .replace(
