@@ -420,8 +420,8 @@ async fn tables_named_up_to_the_identifier_limit_get_every_index() {
             .await;
         assert_eq!(
             indexes.len(),
-            5,
-            "{}-character table: the primary key and four partial indexes, got {indexes:?}",
+            7,
+            "{}-character table: the primary key and six partial indexes, got {indexes:?}",
             name.len()
         );
         let triggers: i64 = db

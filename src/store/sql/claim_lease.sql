@@ -4,6 +4,12 @@
 -- what is left for $2 milliseconds, counting the attempt. A payload larger
 -- than $4 bytes is not returned, only its size. Candidate rows cut here
 -- are not updated; their locks end with the statement.
+--
+-- The rows are found again by primary key, `id = ANY(ARRAY(...))`, so the
+-- plan is index probes whatever the planner estimates: joining on `id`
+-- alone, it hashed the whole table (a sequential scan, 45 ms) whenever
+-- the table was small and the two claim paths' estimates added up to
+-- more than a batch.
 budgeted AS (
     SELECT id, body, payload_bytes
     FROM (
@@ -19,7 +25,8 @@ UPDATE {table} AS t
 SET attempt_count = t.attempt_count + 1,
     next_attempt_at = now() + $2::bigint * interval '1 millisecond'
 FROM budgeted AS b
-WHERE t.id = b.id
+WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
+  AND t.id = b.id
 RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
           CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
           b.payload_bytes, t.created_at::timestamptz, t.attempt_count::int4
