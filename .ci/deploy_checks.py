@@ -45,6 +45,7 @@ SPEC_VARS = [
     "OUTBOX_DATABASE_POOLER", "OUTBOX_LISTEN_DATABASE_URL",
     "OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE",
     "OUTBOX_AMQP_MAX_MESSAGE_BYTES", "OUTBOX_MAX_BATCH_BYTES",
+    "OUTBOX_MESSAGE_FORMAT", "OUTBOX_CLOUDEVENTS_SOURCE",
 ]
 # Variables that hold passwords: in the chart they come only from Secrets
 # (database.*), never from `config`.

@@ -43,7 +43,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// cancelled, then waits for the batches in flight to settle. Fails when
 /// one of them stops on its own before that.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let sink: Arc<dyn Sink> = crate::sink::build(&config.sink).await?.into();
+    let sink: Arc<dyn Sink> = crate::sink::build(&config.sink, &config.format).await?.into();
     serve_with_sink(config, sink, shutdown).await
 }
 

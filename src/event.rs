@@ -4,6 +4,8 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::headers::Headers;
+
 /// One outbox row, as claimed for publishing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -21,4 +23,7 @@ pub struct Event {
     pub created_at: DateTime<Utc>,
     /// Attempts begun so far, including the current one.
     pub attempt_count: i32,
+    /// The producer's headers (the optional `headers` column); empty
+    /// without the column or with NULL there.
+    pub headers: Headers,
 }

@@ -13,7 +13,10 @@
 //! - [`config`] — settings from the environment and flags → validated [`config::Config`];
 //!   parsing only, each variable's name written once ([`config::var`]).
 //! - [`app`] — wiring of `outbox-relay run`: loop, LISTEN, maintenance, HTTP, shutdown.
-//! - [`event`] — [`event::Event`], one outbox row as the relay reads it.
+//! - [`event`] — [`event::Event`], one outbox row as the relay reads it; [`headers`], the
+//!   producer's optional headers column and the W3C trace context in it.
+//! - [`cloudevents`] — the message format: plain, or CloudEvents (binary mode on RabbitMQ,
+//!   structured on SQS).
 //! - [`relay`] — the loop, claim → publish → record outcomes; `relay::decide` maps outcomes to
 //!   published / retry / quarantine.
 //! - [`store`] — every SQL statement (files in `src/store/sql/`), the table and database
@@ -36,8 +39,10 @@
 
 pub mod app;
 pub mod cli;
+pub mod cloudevents;
 pub mod config;
 pub mod event;
+pub mod headers;
 pub mod http;
 pub mod liveness;
 pub mod maintenance;

@@ -246,6 +246,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         .replace("{table}", "\"outbox_event\"")
         .replace("{predecessor_key}", "(p.created_at, p.id)")
         .replace("{row_key}", "(t.created_at, t.id)")
+        .replace("{headers}", "NULL::text")
     };
     let (rows, lease, bytes, max_payload) = (100i64, 600_000i64, 1i64 << 24, 1i64 << 24);
     // Planned on a connection of the relay's own pool, with its planner

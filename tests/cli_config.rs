@@ -44,6 +44,8 @@ fn each_invalid_setting_exits_2_naming_it() {
         ("OUTBOX_HTTP_ADDR", "everywhere"),
         ("OUTBOX_LOG_FORMAT", "xml"),
         ("OUTBOX_AMQP_ROUTING_KEY", "{tenant}.{event_type}"),
+        ("OUTBOX_MESSAGE_FORMAT", "xml"),
+        ("OUTBOX_MESSAGE_FORMAT", "cloudevents"),
     ];
     for (variable, value) in cases {
         for args in [&["run"][..], &[][..], &["check"][..]] {

@@ -72,6 +72,7 @@ fn event_of(row: &tokio_postgres::Row) -> Event {
         payload: row.get(4),
         created_at: row.get(5),
         attempt_count: 1,
+        headers: Default::default(),
     }
 }
 

@@ -144,5 +144,6 @@ pub fn sample_event(n: usize) -> Event {
         payload,
         created_at: chrono::Utc::now(),
         attempt_count: 1,
+        headers: Default::default(),
     }
 }

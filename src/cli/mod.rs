@@ -58,6 +58,7 @@ impl RunArgs {
             listen: self.listen.validate(&database)?,
             database,
             sink: self.sink.validate()?,
+            format: self.sink.format()?,
             relay: self.relay.validate()?,
             retention: self.service.retention()?,
             http_addr: self.service.http_addr()?,
@@ -248,7 +249,7 @@ async fn check(config: Config) -> Result<(), CliError> {
         .ping()
         .await
         .map_err(|e| anyhow::anyhow!("database {}: {e}", describe_pg(&config.database.pg)))?;
-    let sink = crate::sink::build(&config.sink)
+    let sink = crate::sink::build(&config.sink, &config.format)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     sink.ready()

@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::Args;
 use thiserror::Error;
 
+use crate::cloudevents::MessageFormat;
 use crate::relay::{OnPublish, RelayConfig};
 use crate::sink::amqp::AmqpConfig;
 use crate::sink::sqs::SqsConfig;
@@ -54,6 +55,8 @@ pub mod var {
     pub const WORKERS: &str = "OUTBOX_WORKERS";
     pub const LOG_FORMAT: &str = "OUTBOX_LOG_FORMAT";
     pub const NOTIFY_TRIGGER: &str = "OUTBOX_NOTIFY_TRIGGER";
+    pub const MESSAGE_FORMAT: &str = "OUTBOX_MESSAGE_FORMAT";
+    pub const CLOUDEVENTS_SOURCE: &str = "OUTBOX_CLOUDEVENTS_SOURCE";
 }
 
 /// A configuration value that cannot be used. `Display` is the one line the
@@ -185,9 +188,25 @@ pub struct SinkSettings {
     /// Endpoint override for SQS emulators (LocalStack, ElasticMQ, moto).
     #[arg(long, env = var::SQS_ENDPOINT_URL)]
     pub sqs_endpoint_url: Option<String>,
+
+    /// `plain`, or `cloudevents`: CloudEvents 1.0, binary content mode on
+    /// RabbitMQ (`ce-` headers), structured content mode on SQS.
+    #[arg(long, env = var::MESSAGE_FORMAT, default_value = "plain")]
+    pub message_format: String,
+
+    /// The CloudEvents `source` (a URI-reference); required with
+    /// `OUTBOX_MESSAGE_FORMAT=cloudevents`.
+    #[arg(long, env = var::CLOUDEVENTS_SOURCE)]
+    pub cloudevents_source: Option<String>,
 }
 
 impl SinkSettings {
+    /// Validates the message format and, for CloudEvents, its source.
+    pub fn format(&self) -> Result<MessageFormat, ConfigError> {
+        MessageFormat::parse(&self.message_format, self.cloudevents_source.as_deref())
+            .map_err(|(variable, problem)| ConfigError::new(variable, problem))
+    }
+
     /// Validates the settings of the chosen sink (only those).
     pub fn validate(&self) -> Result<SinkConfig, ConfigError> {
         match self.sink.trim() {
@@ -344,6 +363,8 @@ pub struct Config {
     pub listen: Option<Endpoint>,
     /// Sink.
     pub sink: SinkConfig,
+    /// How events become messages on the sink.
+    pub format: MessageFormat,
     /// The relay loop.
     pub relay: RelayConfig,
     /// Age after which published rows are deleted; `None` keeps them.

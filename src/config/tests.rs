@@ -36,6 +36,8 @@ fn sink_settings() -> SinkSettings {
         amqp_client_key_file: None,
         sqs_queue_url: None,
         sqs_endpoint_url: None,
+        message_format: "plain".into(),
+        cloudevents_source: None,
     }
 }
 
@@ -245,4 +247,30 @@ fn a_transaction_pooler_listens_only_on_a_direct_url() {
     let error = bad.validate(&pooled).unwrap_err();
     assert_eq!(error.variable, "OUTBOX_LISTEN_DATABASE_URL");
     assert!(!error.to_string().contains("hunter2"));
+}
+
+#[test]
+fn the_message_format_names_its_variables() {
+    assert_eq!(sink_settings().format(), Ok(MessageFormat::Plain));
+    let cloudevents = SinkSettings {
+        message_format: "cloudevents".into(),
+        ..sink_settings()
+    };
+    assert_eq!(
+        cloudevents.format().unwrap_err().variable,
+        "OUTBOX_CLOUDEVENTS_SOURCE"
+    );
+    let with_source = SinkSettings {
+        cloudevents_source: Some("https://shop.example.com/orders".into()),
+        ..cloudevents
+    };
+    assert!(matches!(
+        with_source.format(),
+        Ok(MessageFormat::CloudEvents { .. })
+    ));
+    let unknown = SinkSettings {
+        message_format: "avro".into(),
+        ..sink_settings()
+    };
+    assert_eq!(unknown.format().unwrap_err().variable, "OUTBOX_MESSAGE_FORMAT");
 }

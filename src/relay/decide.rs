@@ -147,6 +147,7 @@ mod tests {
             payload: "{}".into(),
             created_at: Utc::now(),
             attempt_count,
+            headers: Default::default(),
         }
     }
 

@@ -7,7 +7,7 @@
 
 mod decide;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
 
+use crate::headers::batch_trace_ids;
 use crate::liveness::{stall_limit, Liveness};
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
@@ -220,6 +221,15 @@ impl Relay {
     /// Publishes one claimed batch and records its outcomes.
     async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> BatchResult {
         let claimed_at = Instant::now();
+        // The trace each row continues (its valid W3C traceparent), so that
+        // every line about a row or the batch names it.
+        let traces: HashMap<Uuid, String> = claimed
+            .events
+            .iter()
+            .filter_map(|event| Some((event.id, event.headers.trace_id()?.to_owned())))
+            .collect();
+        let trace_of = |id: &Uuid| traces.get(id).map(String::as_str);
+        let traces_of = |ids: &mut dyn Iterator<Item = &Uuid>| batch_trace_ids(ids.filter_map(trace_of));
         let (batch, mut exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
         let mut result = BatchResult::Answered;
         let outcomes = if batch.is_empty() {
@@ -266,16 +276,18 @@ impl Relay {
         // is for machines (log pipelines, the crash suite): stable, unlike
         // the message text.
         if let Some(first) = decisions.retry.first() {
-            warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %first.reason, "publish failed; rows will be retried with backoff");
+            let trace_id = traces_of(&mut decisions.retry.iter().map(|retry| &retry.row.id));
+            warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %first.reason, trace_id, "publish failed; rows will be retried with backoff");
         }
         if let Some(reason) = &decisions.deferred_because {
-            warn!(report = "publish_deferred", rows = decisions.deferred.len(), %reason, "the broker or the network failed the batch; rows will be published again, not charged an attempt");
+            let trace_id = traces_of(&mut decisions.deferred.iter().map(|row| &row.id));
+            warn!(report = "publish_deferred", rows = decisions.deferred.len(), %reason, trace_id, "the broker or the network failed the batch; rows will be published again, not charged an attempt");
         }
         for retry in &decisions.retry {
-            debug!(event_id = %retry.row.id, reason = %retry.reason, retry_in_ms = retry.delay.as_millis() as u64, "publish failed; will retry");
+            debug!(event_id = %retry.row.id, reason = %retry.reason, retry_in_ms = retry.delay.as_millis() as u64, trace_id = trace_of(&retry.row.id), "publish failed; will retry");
         }
         for quarantine in &decisions.quarantine {
-            warn!(event_id = %quarantine.row.id, reason = %quarantine.reason, "row quarantined");
+            warn!(event_id = %quarantine.row.id, reason = %quarantine.reason, trace_id = trace_of(&quarantine.row.id), "row quarantined");
         }
         self.metrics
             .published_total
@@ -294,10 +306,12 @@ impl Relay {
         let deadline = claimed_at + self.config.lease();
         self.record(&decisions, deadline, shutdown).await;
         debug!(
+            report = "batch_recorded",
             published = decisions.published.len(),
             retried = decisions.retry.len(),
             quarantined = decisions.quarantine.len(),
             deferred = decisions.deferred.len(),
+            trace_id = traces_of(&mut batch.iter().map(|event| &event.id)),
             "batch recorded"
         );
         result

@@ -7,6 +7,12 @@
 //! batch not confirmed in time: the row is not charged). A sink also
 //! reports whether its broker is reachable, which backs `/readyz` and keeps
 //! the relay from claiming during an outage.
+//!
+//! Every sink carries an event's producer headers (`Event::headers`) as
+//! headers or attributes of its broker's kind, checks before sending that
+//! the broker can carry them (a row it cannot is a `Reject` on its first
+//! attempt, with the reason), and writes messages in the configured
+//! [`MessageFormat`].
 
 pub mod amqp;
 pub mod sqs;
@@ -17,6 +23,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use thiserror::Error;
 
+use crate::cloudevents::MessageFormat;
 use crate::event::Event;
 
 /// Which sink publishes events, with its validated settings.
@@ -84,12 +91,13 @@ pub trait Sink: Send + Sync {
     fn kind(&self) -> &'static str;
 }
 
-/// Builds the configured sink. Connecting happens later, in [`Sink::ready`],
-/// so a broker that is down at start-up is an outage, not a crash.
-pub async fn build(config: &SinkConfig) -> Result<Box<dyn Sink>, SinkError> {
+/// Builds the configured sink, sending messages in `format`. Connecting
+/// happens later, in [`Sink::ready`], so a broker that is down at start-up
+/// is an outage, not a crash.
+pub async fn build(config: &SinkConfig, format: &MessageFormat) -> Result<Box<dyn Sink>, SinkError> {
     match config {
-        SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone()))),
-        SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs).await?)),
+        SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone(), format.clone()))),
+        SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs, format.clone()).await?)),
     }
 }
 

@@ -5,6 +5,7 @@
 use uuid::Uuid;
 
 use crate::event::Event;
+use crate::headers::Headers;
 
 /// How much one claim may take.
 #[derive(Debug, Clone, Copy)]
@@ -79,6 +80,16 @@ pub(super) fn claimed_event(row: &tokio_postgres::Row, max_payload: usize) -> Re
     let causation_id = row
         .try_get::<_, Option<Uuid>>(1)
         .map_err(|e| unpublishable(format!("column causation_id cannot be read: {e}")))?;
+    // Parsed once here, so that a row whose headers no sink could carry (not
+    // an object of strings, a name the relay sets) is quarantined before it
+    // reaches one; each sink checks the rest (names, counts, sizes).
+    let headers = match row.try_get::<_, Option<String>>(8) {
+        Ok(None) => Headers::default(),
+        Ok(Some(json)) => {
+            Headers::parse(&json).map_err(|why| unpublishable(format!("column headers {why}")))?
+        }
+        Err(e) => return Err(unpublishable(format!("column headers cannot be read: {e}"))),
+    };
     Ok(Event {
         id,
         causation_id,
@@ -87,6 +98,7 @@ pub(super) fn claimed_event(row: &tokio_postgres::Row, max_payload: usize) -> Re
         payload,
         created_at,
         attempt_count,
+        headers,
     })
 }
 

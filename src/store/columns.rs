@@ -239,6 +239,16 @@ const NEEDS: &[Need] = &[
         null: Null::Allowed,
         source: Source::Optional,
     },
+    Need {
+        column: "headers",
+        types: &["jsonb", "json", "text", "varchar"],
+        tolerated: &[],
+        cost: "",
+        expected: "jsonb",
+        why: "its JSON text, an object of string values, is carried as message headers",
+        null: Null::Allowed,
+        source: Source::Optional,
+    },
 ];
 
 /// Compares the table's columns with what the relay needs. `columns` empty
@@ -433,6 +443,13 @@ mod tests {
         assert_eq!(check_columns(&table(), &seed), vec![]);
         let sequenced = with(spec_table(), column("sequence_number", "int8", false));
         assert_eq!(check_columns(&table(), &sequenced), vec![]);
+        let with_headers = with(spec_table(), column("headers", "jsonb", false));
+        assert_eq!(check_columns(&table(), &with_headers), vec![]);
+        let bad_headers = with(spec_table(), column("headers", "int4", false));
+        assert_eq!(
+            check_columns(&table(), &bad_headers)[0].severity,
+            Severity::Unusable
+        );
     }
 
     #[test]

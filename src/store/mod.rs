@@ -74,9 +74,11 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
 /// Rendered statements for one table.
 #[derive(Debug)]
 struct Statements {
-    claim: String,
-    claim_ordered: String,
-    claim_ordered_by_sequence: String,
+    // Each claim twice, indexed by whether the table has the optional
+    // `headers` column: `[without, with]`.
+    claim: [String; 2],
+    claim_ordered: [String; 2],
+    claim_ordered_by_sequence: [String; 2],
     mark_published: String,
     delete_published: String,
     reschedule: String,
@@ -90,23 +92,27 @@ impl Statements {
         let render = |sql: &str| sql.replace("{table}", &quoted);
         // Both claims select their candidates their own way and budget and
         // lease them the same way.
-        let claim =
-            |candidates: &str| render(&format!("{candidates},\n{}", include_str!("sql/claim_lease.sql")));
+        let claim = |candidates: &str| {
+            let sql = render(&format!("{candidates},\n{}", include_str!("sql/claim_lease.sql")));
+            HEADERS_COLUMN.map(|headers| sql.replace("{headers}", headers))
+        };
         Self {
             claim: claim(include_str!("sql/claim.sql")),
-            claim_ordered: claim(include_str!("sql/claim_ordered.sql"))
-                .replace("{predecessor_key}", "(p.created_at, p.id)")
-                .replace("{row_key}", "(t.created_at, t.id)"),
+            claim_ordered: claim(include_str!("sql/claim_ordered.sql")).map(|sql| {
+                sql.replace("{predecessor_key}", "(p.created_at, p.id)")
+                    .replace("{row_key}", "(t.created_at, t.id)")
+            }),
             // A row without a sequence number sorts first in its aggregate.
-            claim_ordered_by_sequence: claim(include_str!("sql/claim_ordered.sql"))
-                .replace(
+            claim_ordered_by_sequence: claim(include_str!("sql/claim_ordered.sql")).map(|sql| {
+                sql.replace(
                     "{predecessor_key}",
                     "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
                 )
                 .replace(
                     "{row_key}",
                     "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
-                ),
+                )
+            }),
             mark_published: render(include_str!("sql/mark_published.sql")),
             delete_published: render(include_str!("sql/delete_published.sql")),
             reschedule: render(include_str!("sql/reschedule.sql")),
@@ -115,6 +121,10 @@ impl Statements {
         }
     }
 }
+
+/// What a claim returns for the headers: `NULL` on a table without the
+/// optional column, the column's JSON text on one with it.
+const HEADERS_COLUMN: [&str; 2] = ["NULL::text", "t.headers::text"];
 
 /// Default bound on one statement; a hung database must not hang the relay.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -161,6 +171,10 @@ pub struct Store {
     /// Whether the table has a `sequence_number` column, looked up at the
     /// first ordered claim (the database may be down at start-up).
     has_sequence_column: tokio::sync::OnceCell<bool>,
+    /// Whether the table has the producer's `headers` column, looked up at
+    /// the first claim. A column added later is read from the relay's next
+    /// start (the README says to restart relays before producers write it).
+    has_headers_column: tokio::sync::OnceCell<bool>,
 }
 
 impl Store {
@@ -236,6 +250,7 @@ impl Store {
             table: config.table.clone(),
             sql: Statements::for_table(&config.table),
             has_sequence_column: tokio::sync::OnceCell::new(),
+            has_headers_column: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -275,11 +290,11 @@ impl Store {
         lease: Duration,
         ordering: Ordering,
     ) -> Result<Claimed, StoreError> {
-        let sql = match ordering {
+        let sql = &match ordering {
             Ordering::None => &self.sql.claim,
             Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
             Ordering::Aggregate => &self.sql.claim_ordered,
-        };
+        }[usize::from(self.has_headers().await?)];
         bounded(async {
             let mut client = self.pool.get().await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
@@ -327,20 +342,30 @@ impl Store {
     /// `sequence_number` column (present on the table) before `created_at`.
     pub async fn orders_by_sequence(&self) -> Result<bool, StoreError> {
         self.has_sequence_column
-            .get_or_try_init(|| {
-                bounded(async {
-                    let client = self.pool.get().await?;
-                    let row = Session::client(self.pooler, &client)
-                        .query_one(
-                            include_str!("sql/has_sequence_column.sql"),
-                            &[(&self.table.quoted(), Type::TEXT)],
-                        )
-                        .await?;
-                    Ok(row.get(0))
-                })
-            })
+            .get_or_try_init(|| self.has_column(include_str!("sql/has_sequence_column.sql")))
             .await
             .copied()
+    }
+
+    /// Whether the table has the producer's optional `headers` column,
+    /// whose values the sinks carry as message headers.
+    pub async fn has_headers(&self) -> Result<bool, StoreError> {
+        self.has_headers_column
+            .get_or_try_init(|| self.has_column(include_str!("sql/has_headers_column.sql")))
+            .await
+            .copied()
+    }
+
+    /// Runs one of the `has_*_column.sql` lookups.
+    async fn has_column(&self, sql: &str) -> Result<bool, StoreError> {
+        bounded(async {
+            let client = self.pool.get().await?;
+            let row = Session::client(self.pooler, &client)
+                .query_one(sql, &[(&self.table.quoted(), Type::TEXT)])
+                .await?;
+            Ok(row.get(0))
+        })
+        .await
     }
 
     /// Marks confirmed rows published. Rows are given as `(id, attempt)`

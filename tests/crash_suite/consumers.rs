@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use crate::common::sqs::TestQueue;
 use crate::common::{TestBroker, TestDb};
-use crate::Run;
+use crate::{producer, Run};
 
 /// The chance, per first delivery, that the consumer "crashes" before its
 /// commit, and, separately, after its commit but before the ack.
@@ -36,6 +36,9 @@ pub struct Ledger {
     pub deliveries: Vec<(Uuid, bool)>,
     /// Messages whose id is not a UUID.
     pub malformed: Vec<String>,
+    /// Deliveries whose `traceparent` is not the one the producer wrote:
+    /// the id and what came instead.
+    pub wrong_trace: Vec<(Uuid, Option<String>)>,
     /// Claims that were `First` and committed: effects applied.
     pub applied: usize,
     /// Claims that were `Duplicate`: effects skipped.
@@ -248,8 +251,20 @@ pub fn start_amqp_consumer(broker: &TestBroker, run: &Run) -> tokio::task::JoinH
                 delivery.ack(BasicAckOptions::default()).await.expect("ack");
                 continue;
             };
+            let traceparent = delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|headers| headers.inner().get("traceparent").cloned())
+                .map(|value| match value {
+                    lapin::types::AMQPValue::LongString(text) => text.to_string(),
+                    other => format!("{other:?}"),
+                });
             {
                 let mut ledger = ledger.lock().unwrap();
+                if traceparent.as_deref() != Some(producer::traceparent(&id).as_str()) {
+                    ledger.wrong_trace.push((id, traceparent));
+                }
                 ledger.deliveries.push((id, delivery.redelivered));
                 ledger.in_flight += 1;
                 if delivery.redelivered {
@@ -328,8 +343,16 @@ pub fn start_sqs_consumer(queue: &TestQueue, run: &Run) -> tokio::task::JoinHand
                     continue;
                 };
                 let redelivered = handed_back.remove(&id);
+                let traceparent = message
+                    .message_attributes()
+                    .and_then(|attributes| attributes.get("traceparent"))
+                    .and_then(|value| value.string_value())
+                    .map(str::to_owned);
                 {
                     let mut ledger = ledger.lock().unwrap();
+                    if traceparent.as_deref() != Some(producer::traceparent(&id).as_str()) {
+                        ledger.wrong_trace.push((id, traceparent));
+                    }
                     ledger.deliveries.push((id, redelivered));
                     if redelivered {
                         ledger.awaiting_redelivery -= 1;

@@ -16,6 +16,8 @@
 //!   every event exactly once, although the broker delivered duplicates
 //!   and the consumer itself "crashed" (rolled back, or left a committed
 //!   message unacknowledged) on some deliveries;
+//! - every delivery carries its row's W3C `traceparent` header (SQS: message
+//!   attribute) unchanged;
 //! - with `OUTBOX_ORDERING=aggregate`, the first delivery of each event
 //!   comes in `(created_at, id)` order within its aggregate.
 //!
@@ -200,6 +202,12 @@ impl Run {
             Some((postgres, _)) => postgres.migrated_database().await,
             None => TestDb::migrated().await,
         };
+        // The producer writes a W3C traceparent into every row, which every
+        // delivery must carry unchanged (see producer.rs).
+        db.client
+            .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
+            .await
+            .expect("add the headers column");
         let consumer_db = consumer_database().await;
         Self {
             scenario,

@@ -19,6 +19,9 @@ pub const UNROUTABLE: &str = "unrouted.event";
 /// has an id derived from `n`, so a chunk whose commit the producer did
 /// not see (the database restarted) is inserted again, on a new
 /// connection, without doubling any event.
+///
+/// Each row carries a W3C `traceparent` derived from its id (see
+/// [`traceparent`]), as a producer writes its current trace context.
 pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHandle<()> {
     let url = db.url.clone();
     let (events, aggregates, unroutable_every) =
@@ -39,11 +42,13 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
             let to = (from + per_chunk).min(events) - 1;
             let inserted = client
                 .execute(
-                    "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+                    "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, headers)
                      SELECT md5('chaos-' || n)::uuid,
                             CASE WHEN $5::bigint > 0 AND n % $5::bigint = 0 THEN $6 ELSE 'chaos.test' END,
                             'agg-' || (n % $3),
-                            jsonb_build_object('n', n), $4::timestamptz + n * interval '1 millisecond'
+                            jsonb_build_object('n', n), $4::timestamptz + n * interval '1 millisecond',
+                            jsonb_build_object('traceparent',
+                                '00-' || md5('chaos-' || n) || '-' || left(md5('chaos-' || n), 16) || '-01')
                      FROM generate_series($1::bigint, $2::bigint) AS n
                      ON CONFLICT (id) DO NOTHING",
                     &[&from, &to, &aggregates, &base, &unroutable_every, &UNROUTABLE],
@@ -79,4 +84,11 @@ async fn producer_connection(url: &str) -> Client {
             }
         }
     }
+}
+
+/// The `traceparent` the producer writes into the row `id`: the id's hex as
+/// the trace id, its first 16 hex digits as the parent span id.
+pub fn traceparent(id: &uuid::Uuid) -> String {
+    let hex = id.simple().to_string();
+    format!("00-{hex}-{}-01", &hex[..16])
 }

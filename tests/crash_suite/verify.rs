@@ -109,6 +109,13 @@ pub async fn verify(run: &Run, ledger: &Ledger, chaos: &ChaosLog, one_publish_pe
         "messages without an event id: {:?}",
         ledger.malformed
     );
+    assert!(
+        ledger.wrong_trace.is_empty(),
+        "{} of {} deliveries did not carry their row's traceparent unchanged, e.g. {:?}",
+        ledger.wrong_trace.len(),
+        ledger.deliveries.len(),
+        ledger.wrong_trace.iter().take(3).collect::<Vec<_>>()
+    );
     let received: HashSet<Uuid> = ledger.deliveries.iter().map(|(id, _)| *id).collect();
     let undeliverable: Vec<&Uuid> = received.intersection(&unroutable_rows).collect();
     assert!(

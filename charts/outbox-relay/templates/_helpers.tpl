@@ -121,6 +121,9 @@ Deployment, so every render runs them.
 {{- if and (eq $c.OUTBOX_SINK "sqs") (not $c.OUTBOX_SQS_QUEUE_URL) }}
 {{- fail "config.OUTBOX_SQS_QUEUE_URL is required when config.OUTBOX_SINK is sqs" }}
 {{- end }}
+{{- if and (eq (toString $c.OUTBOX_MESSAGE_FORMAT) "cloudevents") (not $c.OUTBOX_CLOUDEVENTS_SOURCE) }}
+{{- fail "config.OUTBOX_CLOUDEVENTS_SOURCE is required when config.OUTBOX_MESSAGE_FORMAT is cloudevents" }}
+{{- end }}
 {{- if and .Values.amqp.existingSecret $c.OUTBOX_AMQP_URL }}
 {{- fail "set either amqp.existingSecret or config.OUTBOX_AMQP_URL, not both" }}
 {{- end }}

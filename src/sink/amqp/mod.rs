@@ -18,7 +18,7 @@ use futures::future::{join_all, BoxFuture};
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::FieldTable;
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 mod config;
+mod message;
 mod returns;
 mod tls;
 
@@ -34,10 +35,8 @@ pub use config::{redact_url, AmqpConfig, AmqpTls, RoutingKeyTemplate};
 use returns::Returns;
 
 use super::{Breaker, Outcome, Sink, SinkError};
+use crate::cloudevents::MessageFormat;
 use crate::event::Event;
-
-/// AMQP short strings (routing keys) are limited to 255 bytes.
-const MAX_SHORT_STRING: usize = 255;
 
 struct Link {
     connection: Connection,
@@ -84,15 +83,17 @@ impl Link {
 /// Publishes to one exchange of one RabbitMQ server, reconnecting lazily.
 pub struct AmqpSink {
     config: AmqpConfig,
+    format: MessageFormat,
     link: Mutex<Option<Arc<Link>>>,
     breaker: Breaker,
 }
 
 impl AmqpSink {
-    /// A sink that connects on first use.
-    pub fn new(config: AmqpConfig) -> Self {
+    /// A sink that connects on first use, sending messages in `format`.
+    pub fn new(config: AmqpConfig, format: MessageFormat) -> Self {
         Self {
             config,
+            format,
             link: Mutex::new(None),
             breaker: Breaker::default(),
         }
@@ -165,63 +166,28 @@ impl AmqpSink {
         }
     }
 
-    /// The message properties of an event: `message_id` = id, `type`,
-    /// `content_type`, persistent delivery, `timestamp` = created_at, and
-    /// the `aggregate_id` / `causation_id` headers. Public so that other
-    /// publishers (the benchmark's bare publisher) send exactly the relay's
-    /// messages.
+    /// The properties of an event's message in the plain format. Public so
+    /// that other publishers (the benchmark's bare publisher) send exactly
+    /// the relay's messages.
     pub fn properties(event: &Event) -> BasicProperties {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            "aggregate_id".into(),
-            AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
-        );
-        if let Some(causation_id) = event.causation_id {
-            headers.insert(
-                "causation_id".into(),
-                AMQPValue::LongString(LongString::from(causation_id.to_string())),
-            );
-        }
-        let timestamp = u64::try_from(event.created_at.timestamp()).unwrap_or(0);
-        BasicProperties::default()
-            .with_message_id(ShortString::from(event.id.to_string()))
-            .with_type(ShortString::from(event.event_type.as_str()))
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_timestamp(timestamp)
-            .with_headers(headers)
+        message::properties(event, &MessageFormat::Plain)
     }
 
-    /// Checks that can fail before anything is sent, and never succeed later.
-    fn precheck(&self, event: &Event) -> Result<String, String> {
-        if event.payload.len() > self.config.max_message_bytes {
-            return Err(format!(
-                "payload of {} bytes exceeds the broker's maximum message size of {} bytes (OUTBOX_AMQP_MAX_MESSAGE_BYTES)",
-                event.payload.len(),
-                self.config.max_message_bytes
-            ));
+    /// The negotiated `frame_max` of the current connection, or RabbitMQ's
+    /// default before there is one.
+    async fn frame_max(&self) -> usize {
+        match self.link.lock().await.as_ref() {
+            Some(link) => link.connection.configuration().frame_max() as usize,
+            None => message::DEFAULT_FRAME_MAX,
         }
-        if event.event_type.len() > MAX_SHORT_STRING {
-            return Err("event_type is longer than the 255 bytes an AMQP type property holds".to_owned());
-        }
-        let routing_key = self
-            .config
-            .routing_key
-            .render(&event.event_type, &event.aggregate_id);
-        if routing_key.len() > MAX_SHORT_STRING {
-            return Err(format!(
-                "routing key of {} bytes exceeds AMQP's 255-byte limit",
-                routing_key.len()
-            ));
-        }
-        Ok(routing_key)
     }
 
     async fn publish_batch(&self, events: &[Event], deadline: Instant) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut sendable = Vec::with_capacity(events.len());
+        let frame_max = self.frame_max().await;
         for (index, event) in events.iter().enumerate() {
-            match self.precheck(event) {
+            match message::precheck(event, &self.config, &self.format, frame_max) {
                 Ok(routing_key) => sendable.push(Message { index, routing_key }),
                 Err(reason) => outcomes[index] = Some(Outcome::Reject(reason)),
             }
@@ -308,7 +274,7 @@ impl AmqpSink {
                     ..BasicPublishOptions::default()
                 },
                 event.payload.as_bytes(),
-                Self::properties(event),
+                message::properties(event, &self.format),
             )
         }));
         let sends = match tokio::time::timeout_at(deadline, sends).await {

@@ -40,6 +40,7 @@ use futures::StreamExt;
 use tracing::{debug, info, warn};
 
 use super::{Breaker, Outcome, Sink, SinkError};
+use crate::cloudevents::MessageFormat;
 use crate::event::Event;
 use batching::{chain_by_group, group_requests, request_byte_limit, run_chain, Sent};
 use batching::{CLASSIC_REQUEST_BYTES, MAX_ENTRIES};
@@ -71,6 +72,7 @@ pub struct SqsSink {
     client: Client,
     queue_url: String,
     fifo: bool,
+    format: MessageFormat,
     state: Mutex<QueueState>,
     breaker: Breaker,
 }
@@ -90,11 +92,12 @@ impl SqsSink {
     /// region the queue URL names if it names one. Nothing is sent here:
     /// credentials are resolved and the queue is reached on first use, in
     /// [`Sink::ready`].
-    pub async fn new(config: &SqsConfig) -> Result<Self, SinkError> {
+    pub async fn new(config: &SqsConfig, format: MessageFormat) -> Result<Self, SinkError> {
         Ok(Self {
             client: client::build(config).await,
             queue_url: config.queue_url.clone(),
             fifo: config.is_fifo(),
+            format,
             state: Mutex::new(QueueState::default()),
             breaker: Breaker::default(),
         })
@@ -198,7 +201,7 @@ impl SqsSink {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut sendable = Vec::with_capacity(events.len());
         for (index, event) in events.iter().enumerate() {
-            match precheck(event, self.fifo, max_message_size) {
+            match precheck(event, self.fifo, &self.format, max_message_size) {
                 Ok(size) => sendable.push((index, size)),
                 Err(reason) => outcomes[index] = Some(Outcome::Reject(reason)),
             }
@@ -266,7 +269,7 @@ impl SqsSink {
     async fn send_request(&self, events: &[Event], request: Vec<usize>) -> Sent {
         let mut entries = Vec::with_capacity(request.len());
         for (position, &index) in request.iter().enumerate() {
-            match entry(position, &events[index], self.fifo) {
+            match entry(position, &events[index], self.fifo, &self.format) {
                 Ok(built) => entries.push(built),
                 // Only a missing required field fails a build, and `entry`
                 // sets both; should that ever change, it is our bug, not

@@ -10,6 +10,9 @@
 -- alone, it hashed the whole table (a sequential scan, 45 ms) whenever
 -- the table was small and the two claim paths' estimates added up to
 -- more than a batch.
+--
+-- {headers} is the producer's optional headers column as text
+-- (`t.headers::text`), or `NULL::text` on a table without it.
 budgeted AS (
     SELECT id, body, payload_bytes
     FROM (
@@ -29,4 +32,5 @@ WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
   AND t.id = b.id
 RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
           CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
-          b.payload_bytes, t.created_at::timestamptz, t.attempt_count::int4
+          b.payload_bytes, t.created_at::timestamptz, t.attempt_count::int4,
+          {headers}
