@@ -16,6 +16,41 @@ fn migrate(db: &TestDb, table: Option<&str>) -> std::process::Output {
         .expect("run migrate")
 }
 
+/// The indexes `migrate` leaves on `outbox_event`.
+const SPEC_INDEXES: [&str; 7] = [
+    "outbox_event_aggregate_idx",
+    "outbox_event_pending_idx",
+    "outbox_event_pkey",
+    "outbox_event_published_idx",
+    "outbox_event_quarantined_idx",
+    "outbox_event_tried_idx",
+    "outbox_event_untried_idx",
+];
+
+/// The valid (finished, maintained) indexes of `table`, by name.
+async fn usable_indexes(db: &TestDb, table: &str) -> Vec<String> {
+    db.column(
+        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = quote_ident($1)::regclass AND i.indisvalid AND i.indisready ORDER BY 1",
+        &[&table],
+    )
+    .await
+}
+
+/// `rows` rows in a seed-shaped table, as a producer would have them.
+async fn seed_rows(db: &TestDb, rows: i64) {
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload)
+             SELECT gen_random_uuid(), gen_random_uuid(), 'seeded', gen_random_uuid(),
+                    jsonb_build_object('n', n)
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&rows],
+        )
+        .await
+        .unwrap();
+}
+
 async fn columns(db: &TestDb, schema: &str, table: &str) -> Vec<(String, String, String)> {
     db.client
         .query(
@@ -58,24 +93,7 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
             "quarantined_at"
         ]
     );
-    let indexes: Vec<String> = db
-        .column(
-            "SELECT indexname::text FROM pg_indexes WHERE tablename = 'outbox_event' ORDER BY 1",
-            &[],
-        )
-        .await;
-    assert_eq!(
-        indexes,
-        [
-            "outbox_event_aggregate_idx",
-            "outbox_event_pending_idx",
-            "outbox_event_pkey",
-            "outbox_event_published_idx",
-            "outbox_event_quarantined_idx",
-            "outbox_event_tried_idx",
-            "outbox_event_untried_idx"
-        ]
-    );
+    assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
     let history: i64 = db
         .client
         .query_one("SELECT count(*) FROM outbox_relay_migrations", &[])
@@ -85,10 +103,15 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
     assert_eq!(history, 7, "each migration recorded once");
 }
 
+/// Runs overlap: each waits for the one holding the lock (which builds
+/// the indexes of a table with rows, so there is something to wait for),
+/// then finds nothing left to do.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_replicas_migrate_safely() {
     let db = TestDb::create().await;
-    let children: Vec<_> = (0..6)
+    seed_table_with(&db, &[]).await;
+    seed_rows(&db, 20_000).await;
+    let children: Vec<_> = (0..4)
         .map(|_| {
             db.relay_command(&["migrate"], &[])
                 .stderr(std::process::Stdio::piped())
@@ -100,7 +123,15 @@ async fn concurrent_replicas_migrate_safely() {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
-    assert_eq!(db.count("true").await, 0);
+    assert_eq!(db.count("true").await, 20_000);
+    assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
+    let history: i64 = db
+        .client
+        .query_one("SELECT count(*) FROM outbox_relay_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(history, 7, "each migration recorded once");
 }
 
 /// The seed design's columns of every row, as text.
@@ -462,4 +493,157 @@ async fn tables_named_up_to_the_identifier_limit_get_every_index() {
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].message_id, id.to_string());
     broker.cleanup().await;
+}
+
+/// The index builds do not block producers: while `migrate` is held in a
+/// concurrent build (it waits for a transaction that was open before it,
+/// as `CREATE INDEX CONCURRENTLY` does), a producer's INSERT commits. The
+/// columns were added before, in a short catalog transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_inserts_while_migrate_builds_the_indexes_of_a_seed_table() {
+    let db = TestDb::create().await;
+    seed_table_with(&db, &[]).await;
+    seed_rows(&db, 10_000).await;
+    // An open transaction with a snapshot: every concurrent build waits
+    // for it to end before it finishes.
+    let older = db.connect().await;
+    older
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    let mut migrate = db
+        .relay_command(&["migrate"], &[])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let building = "SELECT count(*) FROM pg_stat_progress_create_index
+                    WHERE datname = current_database() AND command = 'CREATE INDEX CONCURRENTLY'
+                      AND phase = 'waiting for old snapshots'";
+    common::eventually(
+        Duration::from_secs(60),
+        "migrate waiting in a concurrent build",
+        || async {
+            let waiting: i64 = db.client.query_one(building, &[]).await.unwrap().get(0);
+            waiting == 1
+        },
+    )
+    .await;
+
+    // The producer's row commits (the bound only turns a regression into a
+    // failure instead of a hang), and the build is still going on.
+    let producer = db.connect().await;
+    producer
+        .batch_execute(
+            "SET lock_timeout = '60s';
+             INSERT INTO outbox_event (id, event_type, aggregate_id, payload)
+             VALUES (gen_random_uuid(), 'during.migrate', gen_random_uuid(), '{}')",
+        )
+        .await
+        .expect("a producer's INSERT during the index build");
+    let still: i64 = db.client.query_one(building, &[]).await.unwrap().get(0);
+    assert_eq!(still, 1, "the insert committed while the build was waiting");
+    assert!(migrate.try_wait().unwrap().is_none(), "migrate is still running");
+
+    older.batch_execute("COMMIT").await.unwrap();
+    let out = migrate.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
+    assert_eq!(db.count("event_type = 'during.migrate'").await, 1);
+    assert_eq!(
+        db.count("attempt_count = 0 AND published_at IS NULL").await,
+        10_001
+    );
+}
+
+/// A concurrent build that fails (here a unique index on duplicate values;
+/// a cancelled or killed build ends the same way) leaves an invalid index
+/// under the expected name. `CREATE INDEX IF NOT EXISTS` would skip it;
+/// `migrate` drops it and builds the index the migration defines.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_index_left_invalid_by_an_interrupted_build_is_rebuilt() {
+    rebuilds_an_invalid_index(&[]).await;
+}
+
+/// The same through a transaction pooler, where migrate builds inside its
+/// transaction (here the setting on a direct URL: what migrate does is
+/// the same).
+#[tokio::test(flavor = "multi_thread")]
+async fn through_a_transaction_pooler_an_invalid_index_is_rebuilt_in_the_transaction() {
+    rebuilds_an_invalid_index(&[("OUTBOX_DATABASE_POOLER", "transaction")]).await;
+}
+
+async fn rebuilds_an_invalid_index(env: &[(&str, &str)]) {
+    let db = TestDb::migrated().await;
+    db.insert_events(50, "same.type").await;
+    db.client
+        .batch_execute("DROP INDEX outbox_event_pending_idx")
+        .await
+        .unwrap();
+    let failed = db
+        .client
+        .batch_execute(
+            "CREATE UNIQUE INDEX CONCURRENTLY outbox_event_pending_idx ON outbox_event (event_type)",
+        )
+        .await;
+    assert!(failed.is_err(), "the unique build fails on duplicates");
+    let valid: Vec<bool> = db
+        .column(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_event_pending_idx'::regclass",
+            &[],
+        )
+        .await;
+    assert_eq!(valid, [false], "an invalid index is left under the expected name");
+
+    let out = db.relay_command(&["migrate"], env).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
+    let definition: Vec<String> = db
+        .column(
+            "SELECT pg_get_indexdef('outbox_event_pending_idx'::regclass)",
+            &[],
+        )
+        .await;
+    assert!(
+        definition[0]
+            .contains("(created_at, id) WHERE ((published_at IS NULL) AND (quarantined_at IS NULL))")
+            && !definition[0].contains("UNIQUE"),
+        "the migration's definition: {}",
+        definition[0]
+    );
+    // Producers can write duplicate event types again.
+    db.insert_events(2, "same.type").await;
+}
+
+/// Older versions cut derived names at 63 bytes, so tables named 61 to 63
+/// characters were left without some indexes while the history says every
+/// migration was applied. `migrate` checks the indexes on every run, by
+/// their expected names, and builds what is missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn indexes_missing_whatever_the_history_says_are_built() {
+    let db = TestDb::create().await;
+    for length in [61, 63] {
+        let name = format!("outbox_{}", "r".repeat(length - 7));
+        let out = migrate(&db, Some(&name));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let expected = usable_indexes(&db, &name).await;
+        assert_eq!(expected.len(), 5, "{expected:?}");
+        // What an older version left: the primary key only, history complete.
+        let secondary: Vec<String> = db
+            .column(
+                "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                 WHERE i.indrelid = quote_ident($1)::regclass AND NOT i.indisprimary",
+                &[&name],
+            )
+            .await;
+        assert_eq!(secondary.len(), 4, "{secondary:?}");
+        for index in &secondary {
+            db.client
+                .batch_execute(&format!("DROP INDEX \"{index}\""))
+                .await
+                .unwrap();
+        }
+        let out = migrate(&db, Some(&name));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(usable_indexes(&db, &name).await, expected, "{length} characters");
+    }
 }

@@ -16,18 +16,20 @@
 //! - with `--delete-drain`: the drain with OUTBOX_ON_PUBLISH=delete;
 //! - with `--scale`: a drain behind a large backlog, claim latency behind
 //!   rows backing off, the gauge refresh on a large table, and a drain
-//!   while retention deletes old published rows.
+//!   while retention deletes old published rows;
+//! - with `--migrate-lock`: how long `migrate` holds up a producer on a
+//!   seed-shaped table of `--migrate-rows` rows.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
-//! it is measured against), [`steady`], [`notify_cost`], [`sqs`] and
-//! [`scale`]; what
-//! they start from is in [`fixture`], what they measure with in [`meter`],
-//! and [`report`] prints the tables.
+//! it is measured against), [`steady`], [`notify_cost`], [`sqs`],
+//! [`scale`] and [`migrate_lock`]; what they start from is in [`fixture`],
+//! what they measure with in [`meter`], and [`report`] prints the tables.
 
 mod baselines;
 mod drain;
 mod fixture;
 mod meter;
+mod migrate_lock;
 mod notify_cost;
 mod report;
 mod scale;
@@ -115,6 +117,16 @@ struct Options {
     /// `--scale`: old published rows retention deletes during a drain.
     #[arg(long, default_value = "5000000")]
     retained_rows: usize,
+    /// Also measure how long `migrate` holds up a producer on a big
+    /// seed-shaped table (it takes minutes to seed at the default size).
+    #[arg(long)]
+    migrate_lock: bool,
+    /// Only the `migrate` run (implies `--migrate-lock`).
+    #[arg(long)]
+    only_migrate: bool,
+    /// Rows of the seed-shaped table `migrate` upgrades.
+    #[arg(long, default_value = "5000000")]
+    migrate_rows: usize,
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
@@ -146,6 +158,9 @@ async fn main() -> Result<(), Error> {
         OutboxRelay::PATH
     );
 
+    if options.only_migrate {
+        return migrate_lock(&options).await;
+    }
     if options.only_sqs {
         report::sqs_lines(&sqs::run(&options, &options.sqs_endpoint).await?);
         return Ok(());
@@ -268,5 +283,29 @@ async fn main() -> Result<(), Error> {
     report::sqs_table(&options, &sqs_runs);
     report::steady_table(&options, &steadies);
     report::notify_cost_table(with_trigger, without_trigger);
+    if options.migrate_lock {
+        migrate_lock(&options).await?;
+    }
+    Ok(())
+}
+
+/// The `migrate` runs, concurrent builds against one transaction.
+async fn migrate_lock(options: &Options) -> Result<(), Error> {
+    let mut runs = Vec::new();
+    for in_transaction in [false, true] {
+        let run = migrate_lock::run(options, in_transaction).await?;
+        eprintln!(
+            "migrate ({}): {:.2} s, longest insert {:.1} ms",
+            if in_transaction {
+                "one transaction"
+            } else {
+                "concurrent"
+            },
+            run.total.as_secs_f64(),
+            run.longest_insert.as_secs_f64() * 1000.0
+        );
+        runs.push(run);
+    }
+    migrate_lock::table(options, &runs);
     Ok(())
 }

@@ -224,7 +224,7 @@ async fn migrate(args: MigrateSettings) -> Result<(), CliError> {
         .client()
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", describe_pg(&database.pg)))?;
-    let applied = crate::store::migrate(&mut client, &database.table, notify_trigger)
+    let applied = crate::store::migrate(&mut client, &database.table, notify_trigger, database.pooler)
         .await
         .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
     if applied.is_empty() {

@@ -10,6 +10,7 @@ mod connect;
 mod listen;
 mod migrate;
 mod pooler;
+mod presence;
 mod table;
 
 use std::time::Duration;
@@ -34,6 +35,7 @@ pub use pooler::Pooler;
 pub use table::{describe_pg, DatabaseConfig, Endpoint, TableName};
 
 use pooler::{Param, Session};
+use presence::ColumnPresence;
 
 /// A database failure. The messages come from PostgreSQL or the driver and
 /// never include the connection password.
@@ -51,6 +53,10 @@ pub enum StoreError {
     /// A statement did not finish in time.
     #[error("database query timed out after {0:?}")]
     Timeout(Duration),
+    /// A migration cannot be applied as written, or left the table short
+    /// of what it should have.
+    #[error("{0}")]
+    Migration(String),
 }
 
 /// The driver's top-level messages ("db error", "error connecting to
@@ -170,11 +176,9 @@ pub struct Store {
     sql: Statements,
     /// Whether the table has a `sequence_number` column, looked up at the
     /// first ordered claim (the database may be down at start-up).
-    has_sequence_column: tokio::sync::OnceCell<bool>,
-    /// Whether the table has the producer's `headers` column, looked up at
-    /// the first claim. A column added later is read from the relay's next
-    /// start (the README says to restart relays before producers write it).
-    has_headers_column: tokio::sync::OnceCell<bool>,
+    has_sequence_column: ColumnPresence,
+    /// Whether the table has the producer's `headers` column.
+    has_headers_column: ColumnPresence,
 }
 
 impl Store {
@@ -249,8 +253,8 @@ impl Store {
             pooler: config.pooler,
             table: config.table.clone(),
             sql: Statements::for_table(&config.table),
-            has_sequence_column: tokio::sync::OnceCell::new(),
-            has_headers_column: tokio::sync::OnceCell::new(),
+            has_sequence_column: ColumnPresence::default(),
+            has_headers_column: ColumnPresence::default(),
         }
     }
 
@@ -342,18 +346,16 @@ impl Store {
     /// `sequence_number` column (present on the table) before `created_at`.
     pub async fn orders_by_sequence(&self) -> Result<bool, StoreError> {
         self.has_sequence_column
-            .get_or_try_init(|| self.has_column(include_str!("sql/has_sequence_column.sql")))
+            .get_or_look_up(|| self.has_column(include_str!("sql/has_sequence_column.sql")))
             .await
-            .copied()
     }
 
     /// Whether the table has the producer's optional `headers` column,
     /// whose values the sinks carry as message headers.
     pub async fn has_headers(&self) -> Result<bool, StoreError> {
         self.has_headers_column
-            .get_or_try_init(|| self.has_column(include_str!("sql/has_headers_column.sql")))
+            .get_or_look_up(|| self.has_column(include_str!("sql/has_headers_column.sql")))
             .await
-            .copied()
     }
 
     /// Runs one of the `has_*_column.sql` lookups.
