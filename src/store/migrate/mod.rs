@@ -331,7 +331,9 @@ mod tests {
                 "outbox_event_pending_idx",
                 "outbox_event_quarantined_idx",
                 "outbox_event_published_idx",
-                "outbox_event_aggregate_idx"
+                "outbox_event_aggregate_idx",
+                "outbox_event_untried_idx",
+                "outbox_event_tried_idx"
             ]
         );
         assert!(plan.wanted[0]
