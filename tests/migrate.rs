@@ -17,12 +17,14 @@ fn migrate(db: &TestDb, table: Option<&str>) -> std::process::Output {
 }
 
 /// The indexes `migrate` leaves on `outbox_event`.
-const SPEC_INDEXES: [&str; 5] = [
+const SPEC_INDEXES: [&str; 7] = [
     "outbox_event_aggregate_idx",
     "outbox_event_pending_idx",
     "outbox_event_pkey",
     "outbox_event_published_idx",
     "outbox_event_quarantined_idx",
+    "outbox_event_tried_idx",
+    "outbox_event_untried_idx",
 ];
 
 /// The valid (finished, maintained) indexes of `table`, by name.
@@ -98,7 +100,7 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 6, "each migration recorded once");
+    assert_eq!(history, 7, "each migration recorded once");
 }
 
 /// Runs overlap: each waits for the one holding the lock (which builds
@@ -129,7 +131,7 @@ async fn concurrent_replicas_migrate_safely() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 6, "each migration recorded once");
+    assert_eq!(history, 7, "each migration recorded once");
 }
 
 /// The seed design's columns of every row, as text.
@@ -449,8 +451,8 @@ async fn tables_named_up_to_the_identifier_limit_get_every_index() {
             .await;
         assert_eq!(
             indexes.len(),
-            5,
-            "{}-character table: the primary key and four partial indexes, got {indexes:?}",
+            7,
+            "{}-character table: the primary key and six partial indexes, got {indexes:?}",
             name.len()
         );
         let triggers: i64 = db
@@ -624,7 +626,7 @@ async fn indexes_missing_whatever_the_history_says_are_built() {
         let out = migrate(&db, Some(&name));
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let expected = usable_indexes(&db, &name).await;
-        assert_eq!(expected.len(), 5, "{expected:?}");
+        assert_eq!(expected.len(), 7, "{expected:?}");
         // What an older version left: the primary key only, history complete.
         let secondary: Vec<String> = db
             .column(
@@ -633,7 +635,7 @@ async fn indexes_missing_whatever_the_history_says_are_built() {
                 &[&name],
             )
             .await;
-        assert_eq!(secondary.len(), 4, "{secondary:?}");
+        assert_eq!(secondary.len(), 6, "{secondary:?}");
         for index in &secondary {
             db.client
                 .batch_execute(&format!("DROP INDEX \"{index}\""))

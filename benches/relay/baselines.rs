@@ -138,7 +138,7 @@ pub async fn naive_relay(options: &Options) -> Result<Run, Error> {
 pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
     let db = database(options).await;
     let broker = broker(options).await;
-    prefill_for_drain(&db, options).await?;
+    prefill_for_drain(&db, options, options.rows).await?;
     let arrivals = arrivals(&broker).await?;
     let meter = Meter::start();
     let mut loops = Vec::new();

@@ -5,27 +5,67 @@ use std::time::Duration;
 
 use outbox_test_support::RelayProcess;
 
-use crate::fixture::{arrivals, broker, database, prefill_for_drain, relay_settings, unpublished};
+use crate::fixture::{arrivals, broker, database, prefill_for_drain, relay_settings, unpublished, TestDb};
 use crate::meter::{proc_usage, Meter, Run};
 use crate::{Error, Options};
 
 pub struct Drain {
     pub replicas: usize,
+    pub rows: usize,
     pub run: Run,
     pub peak_rss_mib: f64,
     /// CPU of all replicas together, in % of a core.
     pub relay_percent: f64,
     /// Share of row updates that were HOT (no new index entries).
     pub hot_share: f64,
+    /// Dead row versions in the table when the drain ended (no VACUUM ran
+    /// during the run unless autovacuum did).
+    pub dead_tuples: i64,
+    /// Rows deleted while the relays ran besides the drained ones
+    /// (retention's).
+    pub retention_deleted: i64,
+    /// Whether confirmed rows were deleted (OUTBOX_ON_PUBLISH=delete).
+    pub deletes: bool,
+}
+
+/// What a drain starts from besides its `rows` pending rows, and how the
+/// relays are set up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Setup {
+    /// Old published rows, for retention to delete during the drain
+    /// (OUTBOX_RETENTION=1d, the rows published two days ago).
+    pub retained: usize,
+    /// OUTBOX_ON_PUBLISH=delete instead of mark.
+    pub delete: bool,
 }
 
 pub async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
+    drain_with(options, replicas, options.rows, Setup::default()).await
+}
+
+pub async fn drain_with(
+    options: &Options,
+    replicas: usize,
+    rows: usize,
+    setup: Setup,
+) -> Result<Drain, Error> {
     let db = database(options).await;
     let broker = broker(options).await;
-    prefill_for_drain(&db, options).await?;
+    if setup.retained > 0 {
+        seed_retained(&db, setup.retained).await?;
+    }
+    prefill_for_drain(&db, options, rows).await?;
     let arrivals = arrivals(&broker).await?;
+    let before = table_stats(&db).await?;
     let meter = Meter::start();
-    let settings = relay_settings(options, &broker.exchange);
+    let mut settings = relay_settings(options, &broker.exchange);
+    if setup.retained > 0 {
+        settings.retain(|(name, _)| *name != "OUTBOX_RETENTION");
+        settings.push(("OUTBOX_RETENTION", "1d".to_owned()));
+    }
+    if setup.delete {
+        settings.push(("OUTBOX_ON_PUBLISH", "delete".to_owned()));
+    }
     let relays: Vec<RelayProcess> = (0..replicas)
         .map(|_| RelayProcess::start(&db, &settings))
         .collect();
@@ -36,31 +76,72 @@ pub async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
         }
         // Counting rows costs PostgreSQL a scan, so only once every
         // message has arrived (rows are marked after their confirms).
-        let all_arrived = arrivals.lock().unwrap().len() >= options.rows;
+        let all_arrived = arrivals.lock().unwrap().len() >= rows;
         if all_arrived && unpublished(&db).await? == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let run = meter.finish(options.rows);
+    let run = meter.finish(rows);
     // Dropping a RelayProcess kills it and waits for it.
     drop(relays);
     // Backends report their statistics when they end.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (updates, hot_updates): (i64, i64) = db
-        .client
-        .query_one(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass",
-            &[],
-        )
-        .await
-        .map(|row| (row.get(0), row.get(1)))?;
+    let after = table_stats(&db).await?;
     broker.cleanup().await;
+    let updates = after.updates - before.updates;
     Ok(Drain {
         replicas,
+        rows,
         run,
         peak_rss_mib: last_usage.iter().map(|u| u.0).max().unwrap_or(0) as f64 / 1024.0,
         relay_percent: last_usage.iter().map(|u| u.1).sum::<f64>() / run.seconds * 100.0,
-        hot_share: hot_updates as f64 / updates.max(1) as f64,
+        hot_share: (after.hot_updates - before.hot_updates) as f64 / updates.max(1) as f64,
+        dead_tuples: after.dead_tuples,
+        retention_deleted: after.deletes - before.deletes - if setup.delete { rows as i64 } else { 0 },
+        deletes: setup.delete,
     })
+}
+
+/// The table's counters in pg_stat_user_tables.
+struct TableStats {
+    updates: i64,
+    hot_updates: i64,
+    deletes: i64,
+    dead_tuples: i64,
+}
+
+async fn table_stats(db: &TestDb) -> Result<TableStats, Error> {
+    // The statistics a backend reports when it ends, or at the latest
+    // every second; the snapshot of this session is dropped first.
+    db.client.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+    let row = db
+        .client
+        .query_one(
+            "SELECT n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup
+             FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass",
+            &[],
+        )
+        .await?;
+    Ok(TableStats {
+        updates: row.get(0),
+        hot_updates: row.get(1),
+        deletes: row.get(2),
+        dead_tuples: row.get(3),
+    })
+}
+
+/// `rows` rows published two days ago, small payloads, set-based.
+async fn seed_retained(db: &TestDb, rows: usize) -> Result<(), Error> {
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                       published_at, attempt_count)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || (n % 5000), jsonb_build_object('n', n),
+                    now() - interval '3 days', now() - interval '2 days' - n * interval '1 millisecond', 1
+             FROM generate_series(1, $1::bigint) AS n",
+            &[&(rows as i64)],
+        )
+        .await?;
+    Ok(())
 }

@@ -75,8 +75,8 @@ pub async fn prefill(db: &TestDb, rows: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// The drain runs' table: `--rows` rows, at `--fillfactor` if given.
-pub async fn prefill_for_drain(db: &TestDb, options: &Options) -> Result<(), Error> {
+/// The drain runs' table: `rows` rows, at `--fillfactor` if given.
+pub async fn prefill_for_drain(db: &TestDb, options: &Options, rows: usize) -> Result<(), Error> {
     if let Some(fillfactor) = options.fillfactor {
         db.client
             .batch_execute(&format!(
@@ -84,7 +84,7 @@ pub async fn prefill_for_drain(db: &TestDb, options: &Options) -> Result<(), Err
             ))
             .await?;
     }
-    prefill(db, options.rows).await
+    prefill(db, rows).await
 }
 
 pub async fn unpublished(db: &TestDb) -> Result<i64, Error> {

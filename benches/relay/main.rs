@@ -15,13 +15,17 @@
 //!   with 8 connections, with and without the trigger;
 //! - NATS JetStream: the relay against a bare async-nats JetStream
 //!   publisher, same messages, same acknowledgements in flight;
+//! - with `--delete-drain`: the drain with OUTBOX_ON_PUBLISH=delete;
+//! - with `--scale`: a drain behind a large backlog, claim latency behind
+//!   rows backing off, the gauge refresh on a large table, and a drain
+//!   while retention deletes old published rows;
 //! - with `--migrate-lock`: how long `migrate` holds up a producer on a
 //!   seed-shaped table of `--migrate-rows` rows.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
-//! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`]
-//! and [`migrate_lock`]; what they start from is in [`fixture`], what they
-//! measure with in [`meter`], and [`report`] prints the tables.
+//! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`],
+//! [`scale`] and [`migrate_lock`]; what they start from is in [`fixture`],
+//! what they measure with in [`meter`], and [`report`] prints the tables.
 
 mod baselines;
 mod drain;
@@ -31,6 +35,7 @@ mod migrate_lock;
 mod nats;
 mod notify_cost;
 mod report;
+mod scale;
 mod sqs;
 mod steady;
 
@@ -105,6 +110,25 @@ struct Options {
     /// Only the relay's drain runs (to compare settings quickly).
     #[arg(long)]
     only_drain: bool,
+    /// Also drain with OUTBOX_ON_PUBLISH=delete (1 replica), against mark.
+    #[arg(long)]
+    delete_drain: bool,
+    /// Also the runs on large tables (sizes below); they take minutes.
+    #[arg(long)]
+    scale: bool,
+    /// `--scale`: rows of the large backlog drained by 1 replica, against
+    /// the `--rows` drain.
+    #[arg(long, default_value = "1000000")]
+    backlog_rows: usize,
+    /// `--scale`: rows backing off ahead of the due rows the claims take.
+    #[arg(long, default_value = "500000")]
+    backing_off_rows: usize,
+    /// `--scale`: unpublished rows when the gauges are refreshed.
+    #[arg(long, default_value = "5000000")]
+    gauge_rows: usize,
+    /// `--scale`: old published rows retention deletes during a drain.
+    #[arg(long, default_value = "5000000")]
+    retained_rows: usize,
     /// Also measure how long `migrate` holds up a producer on a big
     /// seed-shaped table (it takes minutes to seed at the default size).
     #[arg(long)]
@@ -192,7 +216,68 @@ async fn main() -> Result<(), Error> {
         );
         drains.push(result);
     }
+    if options.delete_drain {
+        let result = median_of(
+            options.repeat,
+            || {
+                drain::drain_with(
+                    &options,
+                    1,
+                    options.rows,
+                    drain::Setup {
+                        delete: true,
+                        ..Default::default()
+                    },
+                )
+            },
+            |d| d.run.events_per_second,
+        )
+        .await?;
+        eprintln!(
+            "drain with 1, OUTBOX_ON_PUBLISH=delete: {:.0} events/s",
+            result.run.events_per_second
+        );
+        drains.push(result);
+    }
     report::drain_table(&options, &bare, naive.as_ref(), &locked, &drains);
+    if options.scale {
+        let base = match drains.iter().position(|d| d.replicas == 1) {
+            Some(index) => drains.swap_remove(index),
+            None => drain::drain(&options, 1).await?,
+        };
+        let backlog = drain::drain_with(&options, 1, options.backlog_rows, drain::Setup::default()).await?;
+        eprintln!(
+            "drain of {} rows: {:.0} events/s",
+            options.backlog_rows, backlog.run.events_per_second
+        );
+        let claims = scale::claim_latency(&options).await?;
+        eprintln!(
+            "claims behind {} backing off: p99 {}",
+            claims.backing_off,
+            report::ms(claims.p99)
+        );
+        let gauges = scale::gauge_refresh(&options).await?;
+        eprintln!(
+            "gauge refresh at {} rows: {}",
+            gauges.rows,
+            report::ms(gauges.median)
+        );
+        let retention = drain::drain_with(
+            &options,
+            1,
+            options.rows,
+            drain::Setup {
+                retained: options.retained_rows,
+                ..Default::default()
+            },
+        )
+        .await?;
+        eprintln!(
+            "drain during retention: {:.0} events/s, {} rows deleted",
+            retention.run.events_per_second, retention.retention_deleted
+        );
+        report::scale_table(&options, &base, &backlog, &claims, &gauges, &retention);
+    }
     if options.only_drain {
         return Ok(());
     }

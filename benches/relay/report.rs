@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::drain::Drain;
 use crate::meter::Run;
 use crate::nats::NatsRun;
+use crate::scale::{ClaimLatency, GaugeRefresh};
 use crate::sqs::SqsRun;
 use crate::steady::Steady;
 use crate::Options;
@@ -39,10 +40,10 @@ pub fn sqs_lines(runs: &[SqsRun]) {
 /// row-lock design.
 pub fn drain_table(options: &Options, bare: &Run, naive: Option<&Run>, locked: &Run, drains: &[Drain]) {
     println!(
-        "\n| drain ({} rows, ~300 B payloads; batch {} × {} workers) | events/s | vs bare publisher | vs simplest relay | relay peak RSS | relay CPU | PostgreSQL CPU | RabbitMQ CPU | machine busy |",
+        "\n| drain ({} rows, ~300 B payloads; batch {} × {} workers) | events/s | vs bare publisher | vs simplest relay | relay peak RSS | relay CPU | PostgreSQL CPU | PostgreSQL CPU per event | RabbitMQ CPU | machine busy |",
         options.rows, options.batch_size, options.workers
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let row = |name: String, run: &Run, relay: Option<(f64, f64)>| {
         let rate = run.events_per_second;
         let versus_naive = naive
@@ -52,9 +53,10 @@ pub fn drain_table(options: &Options, bare: &Run, naive: Option<&Run>, locked: &
             .map(|(rss, cpu)| (format!("{rss:.1} MiB"), format!("{cpu:.0}%")))
             .unwrap_or_default();
         println!(
-            "| {name} | {rate:.0} | {:.1}% | {versus_naive} | {rss} | {cpu} | {:.0}% | {:.0}% | {:.0}% |",
+            "| {name} | {rate:.0} | {:.1}% | {versus_naive} | {rss} | {cpu} | {:.0}% | {:.0} µs | {:.0}% | {:.0}% |",
             rate / bare.events_per_second * 100.0,
             run.postgres_percent,
+            postgres_us_per_event(run),
             run.rabbitmq_percent,
             run.machine_busy_percent
         );
@@ -85,22 +87,90 @@ pub fn drain_table(options: &Options, bare: &Run, naive: Option<&Run>, locked: &
     for d in drains {
         row(
             format!(
-                "outbox-relay, {} replica{}",
+                "outbox-relay, {} replica{}{}",
                 d.replicas,
-                if d.replicas == 1 { "" } else { "s" }
+                if d.replicas == 1 { "" } else { "s" },
+                if d.deletes {
+                    ", OUTBOX_ON_PUBLISH=delete"
+                } else {
+                    ""
+                }
             ),
             &d.run,
             Some((d.peak_rss_mib, d.relay_percent)),
         );
     }
     println!(
-        "\nEach row: the median of {} run(s). CPU in % of one core, averaged over the run; HOT updates in the relay's runs: {}.",
+        "\nEach row: the median of {} run(s). CPU in % of one core, averaged over the run; HOT updates in the relay's runs: {}; dead row versions left: {}.",
         options.repeat.max(1),
         drains
             .iter()
             .map(|d| format!("{:.0}%", d.hot_share * 100.0))
             .collect::<Vec<_>>()
+            .join(", "),
+        drains
+            .iter()
+            .map(|d| d.dead_tuples.to_string())
+            .collect::<Vec<_>>()
             .join(", ")
+    );
+}
+
+/// PostgreSQL's CPU time per event of a run, in microseconds.
+fn postgres_us_per_event(run: &Run) -> f64 {
+    run.postgres_percent / 100.0 / run.events_per_second * 1e6
+}
+
+/// The runs at scale, each against its goal; `base` is the `--rows` drain
+/// with 1 replica of the same run.
+pub fn scale_table(
+    options: &Options,
+    base: &Drain,
+    backlog: &Drain,
+    claims: &ClaimLatency,
+    gauges: &GaugeRefresh,
+    retention: &Drain,
+) {
+    let ratio = |d: &Drain| d.run.events_per_second / base.run.events_per_second;
+    println!(
+        "\n| at scale (batch {} × {} workers, 1 replica) | measured | goal |",
+        options.batch_size, options.workers
+    );
+    println!("|---|---|---|");
+    println!(
+        "| drain of a {}-row backlog against {} rows | {:.0} against {:.0} events/s: {:.2}×; PostgreSQL {:.0} against {:.0} µs/event | ≥ 0.9× |",
+        backlog.rows,
+        base.rows,
+        backlog.run.events_per_second,
+        base.run.events_per_second,
+        ratio(backlog),
+        postgres_us_per_event(&backlog.run),
+        postgres_us_per_event(&base.run),
+    );
+    println!(
+        "| claim of {} rows behind {} rows backing off ({} claims) | p50 {}, p99 {}, max {} | p99 ≤ 5 ms |",
+        options.batch_size,
+        claims.backing_off,
+        claims.claims,
+        ms(claims.p50),
+        ms(claims.p99),
+        ms(claims.max)
+    );
+    println!(
+        "| gauge refresh (counts computed) at {} rows | median {}, max {} of {} | ≤ 100 ms |",
+        gauges.rows,
+        ms(gauges.median),
+        ms(gauges.max),
+        gauges.runs
+    );
+    println!(
+        "| drain of {} rows while retention deletes {} old published rows | {:.0} against {:.0} events/s: {:.2}×; {} rows deleted during the drain | ≥ 0.8× |",
+        retention.rows,
+        options.retained_rows,
+        retention.run.events_per_second,
+        base.run.events_per_second,
+        ratio(retention),
+        retention.retention_deleted
     );
 }
 

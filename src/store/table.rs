@@ -111,12 +111,14 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// function and trigger). The order decides which suffix kept a name that
 /// earlier versions cut short and shared (see [`derive_name`]); a new
 /// suffix goes at the end.
-const DERIVED_SUFFIXES: [&str; 5] = [
+const DERIVED_SUFFIXES: [&str; 7] = [
     "pending_idx",
     "quarantined_idx",
     "published_idx",
     "aggregate_idx",
     "relay_notify",
+    "untried_idx",
+    "tried_idx",
 ];
 
 /// The name of `table`'s object `suffix`, at most 63 bytes, distinct from

@@ -48,6 +48,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(4, "0004_aggregate_order_index.sql"),
     migration!(5, "0005_notify_trigger.sql"),
     migration!(6, "0006_gauges_state.sql"),
+    migration!(7, "0007_claim_paths.sql"),
 ];
 
 /// The state table of the gauges (0006), beside the outbox table.
@@ -88,6 +89,8 @@ fn render(sql: &str, table: &TableName) -> String {
         .replace("{quarantined_index}", &table.derived("quarantined_idx"))
         .replace("{published_index}", &table.derived("published_idx"))
         .replace("{aggregate_index}", &table.derived("aggregate_idx"))
+        .replace("{untried_index}", &table.derived("untried_idx"))
+        .replace("{tried_index}", &table.derived("tried_idx"))
         .replace("{notify_function}", &table.qualified_derived("relay_notify"))
         .replace("{notify_trigger}", &table.derived("relay_notify"))
         .replace(
@@ -328,7 +331,9 @@ mod tests {
                 "outbox_event_pending_idx",
                 "outbox_event_quarantined_idx",
                 "outbox_event_published_idx",
-                "outbox_event_aggregate_idx"
+                "outbox_event_aggregate_idx",
+                "outbox_event_untried_idx",
+                "outbox_event_tried_idx"
             ]
         );
         assert!(plan.wanted[0]

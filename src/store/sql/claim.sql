@@ -11,24 +11,54 @@
 -- still moves towards quarantine. The returned attempt_count identifies
 -- this claim: every outcome is recorded only where it still matches.
 --
--- Plan: an index scan of the partial pending index in (created_at, id)
--- order, next_attempt_at checked on the heap row (which FOR UPDATE reads
--- anyway), stopped by the LIMIT; SKIP LOCKED passes over rows another
--- replica is claiming. Published and quarantined rows are not in that index
--- at all. The UPDATE touches no indexed column, so it is a HOT update.
--- Rows locked by `due` but cut by the byte budget are not updated, and
--- their locks end with the statement.
+-- Plan: two range scans that stop at the LIMIT, one per claim path (see
+-- migrations/0007_claim_paths.sql), so the cost of a claim does not depend
+-- on what else is in the table:
+--
+-- * `tried`: the tried index from its start up to now(): only rows that
+--   are due (a crashed relay's expired leases, retries whose backoff has
+--   run out), oldest due first. Leased and backing-off rows lie past now()
+--   in that index and are never read;
+-- * `untried`: the untried index in (created_at, id) order, for what the
+--   tried rows left of the batch. Its rows are due (next_attempt_at is
+--   when the producer inserted them, or when an outage refunded their
+--   attempt); the check on the heap row is a guard, not a filter that
+--   walks.
+--
+-- Tried rows go first: they are nearly always the older events, and the
+-- oldest unpublished age is what the main alert watches. SKIP LOCKED
+-- passes over rows another replica is claiming at this moment. Published
+-- and quarantined rows are in neither index. The payload is rendered as
+-- JSON text once, here: its length is the byte budget's measure and the
+-- text is the message body.
 --
 -- Every column is cast to the type the relay reads, so a table in an older
 -- shape (created_at without time zone, a BIGINT attempt_count, a UUID
 -- aggregate_id) works as it is.
-WITH due AS (
-    SELECT id, created_at, octet_length(payload::text) AS payload_bytes
+WITH tried AS (
+    SELECT id, created_at, payload::text AS body
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
+      AND attempt_count > 0
       AND next_attempt_at <= now()
-    ORDER BY created_at, id
+    ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+untried AS (
+    SELECT id, created_at, payload::text AS body
+    FROM {table}
+    WHERE published_at IS NULL
+      AND quarantined_at IS NULL
+      AND attempt_count <= 0
+      AND next_attempt_at <= now()
+    ORDER BY created_at, id
+    LIMIT $1 - (SELECT count(*) FROM tried)
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT id, created_at, body FROM tried
+    UNION ALL
+    SELECT id, created_at, body FROM untried
 )

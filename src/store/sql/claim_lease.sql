@@ -1,17 +1,25 @@
 -- The second half of both claims (claim.sql, claim_ordered.sql): cuts
--- their locked candidates `due` at the byte budget $3 (always the first
--- row) and leases what is left for $2 milliseconds, counting the attempt.
--- A payload larger than $4 bytes is not returned, only its size. Candidate
--- rows cut here are not updated; their locks end with the statement.
+-- their locked candidates `due` (id, created_at and the payload as JSON
+-- text, `body`) at the byte budget $3 (always the first row) and leases
+-- what is left for $2 milliseconds, counting the attempt. A payload larger
+-- than $4 bytes is not returned, only its size. Candidate rows cut here
+-- are not updated; their locks end with the statement.
+--
+-- The rows are found again by primary key, `id = ANY(ARRAY(...))`, so the
+-- plan is index probes whatever the planner estimates: joining on `id`
+-- alone, it hashed the whole table (a sequential scan, 45 ms) whenever
+-- the table was small and the two claim paths' estimates added up to
+-- more than a batch.
+--
 -- {headers} is the producer's optional headers column as text
 -- (`t.headers::text`), or `NULL::text` on a table without it.
 budgeted AS (
-    SELECT id, payload_bytes
+    SELECT id, body, payload_bytes
     FROM (
-        SELECT id, payload_bytes,
+        SELECT id, body, payload_bytes,
                row_number() OVER w AS position,
                sum(payload_bytes) OVER w AS running_bytes
-        FROM due
+        FROM (SELECT id, created_at, body, octet_length(body)::bigint AS payload_bytes FROM due) AS measured
         WINDOW w AS (ORDER BY created_at, id)
     ) AS d
     WHERE position = 1 OR running_bytes <= $3::bigint
@@ -20,8 +28,9 @@ UPDATE {table} AS t
 SET attempt_count = t.attempt_count + 1,
     next_attempt_at = now() + $2::bigint * interval '1 millisecond'
 FROM budgeted AS b
-WHERE t.id = b.id
+WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
+  AND t.id = b.id
 RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
-          CASE WHEN b.payload_bytes <= $4::bigint THEN t.payload::text END,
-          b.payload_bytes::bigint, t.created_at::timestamptz, t.attempt_count::int4,
+          CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
+          b.payload_bytes, t.created_at::timestamptz, t.attempt_count::int4,
           {headers}

@@ -1,0 +1,282 @@
+//! The claim's two paths (migrations/0007_claim_paths.sql): due rows are
+//! claimed, and nothing else is touched, however many rows are backing
+//! off, leased, quarantined or published ahead of them; the claim reads
+//! the untried and tried indexes, never the table. Correctness only: how
+//! long a claim takes behind 500,000 rows is measured by the benchmark.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::TestDb;
+use outbox_relay::config::DatabaseSettings;
+use outbox_relay::store::{ClaimBudget, Ordering, Store};
+use uuid::Uuid;
+
+fn store(db: &TestDb) -> Store {
+    let database = DatabaseSettings {
+        database_url: db.url.clone(),
+        table: "outbox_event".into(),
+        database_pooler: "none".to_owned(),
+    }
+    .validate()
+    .expect("valid settings");
+    Store::new(&database, 2)
+}
+
+fn budget(rows: u32) -> ClaimBudget {
+    ClaimBudget {
+        rows,
+        bytes: 16 * 1024 * 1024,
+        max_payload: 16 * 1024 * 1024,
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(600);
+
+/// Rows this many per kind stand ahead of the due ones (older created_at).
+const AHEAD: i64 = 3000;
+
+/// Fills the table, set-based, with rows the claim must leave alone, all
+/// created a day ago, each kind its own event type and aggregate range:
+/// backing off (tried, due in an hour), leased (claimed, lease running),
+/// quarantined and published. Then `due_tried` retries whose backoff has
+/// run out (created an hour ago, due 1..n seconds ago, the oldest due
+/// first) and `due_untried` new rows; returns their ids in that order.
+async fn seed(db: &TestDb, due_tried: usize, due_untried: usize) -> (Vec<Uuid>, Vec<Uuid>) {
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                       attempt_count, next_attempt_at, last_error, quarantined_at, published_at)
+             SELECT gen_random_uuid(), kind, kind || '-' || (n % 50), jsonb_build_object('n', n),
+                    now() - interval '1 day' + n * interval '1 millisecond',
+                    CASE kind WHEN 'backing-off' THEN 3 WHEN 'leased' THEN 1 WHEN 'quarantined' THEN 10 ELSE 1 END,
+                    CASE kind WHEN 'backing-off' THEN now() + interval '1 hour'
+                              WHEN 'leased' THEN now() + interval '10 minutes'
+                              ELSE now() - interval '1 day' END,
+                    CASE WHEN kind IN ('backing-off', 'quarantined') THEN 'refused' END,
+                    CASE WHEN kind = 'quarantined' THEN now() END,
+                    CASE WHEN kind = 'published' THEN now() END
+             FROM generate_series(1, $1::bigint) AS n,
+                  unnest(ARRAY['backing-off', 'leased', 'quarantined', 'published']) AS kind",
+            &[&AHEAD],
+        )
+        .await
+        .expect("rows ahead");
+    let tried: Vec<Uuid> = (0..due_tried).map(|_| Uuid::new_v4()).collect();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                       attempt_count, next_attempt_at, last_error)
+             SELECT id, 'retry', 'retry-' || n, '{}'::jsonb, now() - interval '1 hour' + n * interval '1 millisecond',
+                    2, now() - ($2::bigint - n + 1) * interval '1 second', 'refused'
+             FROM unnest($1::uuid[]) WITH ORDINALITY AS u(id, n)",
+            &[&tried, &(due_tried as i64)],
+        )
+        .await
+        .expect("due retries");
+    let untried: Vec<Uuid> = (0..due_untried).map(|_| Uuid::new_v4()).collect();
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT id, 'new', 'new-' || n, '{}'::jsonb, now() + n * interval '1 millisecond'
+             FROM unnest($1::uuid[]) WITH ORDINALITY AS u(id, n)",
+            &[&untried],
+        )
+        .await
+        .expect("new rows");
+    db.client
+        .batch_execute("VACUUM ANALYZE outbox_event")
+        .await
+        .expect("analyze");
+    (tried, untried)
+}
+
+/// What must hold of the rows ahead after any number of claims: each kind
+/// as it was seeded.
+async fn assert_rows_ahead_untouched(db: &TestDb) {
+    for (kind, state) in [
+        (
+            "backing-off",
+            "attempt_count = 3 AND next_attempt_at > now() + interval '50 minutes' AND published_at IS NULL AND quarantined_at IS NULL",
+        ),
+        (
+            "leased",
+            "attempt_count = 1 AND next_attempt_at > now() + interval '5 minutes' AND published_at IS NULL AND quarantined_at IS NULL",
+        ),
+        ("quarantined", "attempt_count = 10 AND quarantined_at IS NOT NULL"),
+        ("published", "attempt_count = 1 AND published_at IS NOT NULL"),
+    ] {
+        assert_eq!(
+            db.count(&format!("event_type = '{kind}' AND {state}")).await,
+            AHEAD,
+            "{kind} rows untouched"
+        );
+    }
+}
+
+fn ids(claimed: &outbox_relay::store::Claimed) -> Vec<Uuid> {
+    claimed.events.iter().map(|e| e.id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn due_rows_are_claimed_past_rows_backing_off_leased_quarantined_and_published_ahead() {
+    let db = TestDb::migrated().await;
+    let (tried, untried) = seed(&db, 5, 5).await;
+    let store = store(&db);
+
+    // Retries first, the longest due first: the row budget is spent on
+    // them before new rows.
+    let first = store.claim(budget(3), LEASE, Ordering::None).await.unwrap();
+    let first_ids: HashSet<Uuid> = ids(&first).into_iter().collect();
+    assert_eq!(first_ids, tried[..3].iter().copied().collect::<HashSet<_>>());
+    assert!(first.events.iter().all(|e| e.attempt_count == 3));
+
+    // Then the rest of the retries and the new rows, in (created_at, id)
+    // order (the retries are older).
+    let second = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
+    let expected: Vec<Uuid> = tried[3..].iter().chain(&untried).copied().collect();
+    assert_eq!(ids(&second), expected);
+    let attempts: Vec<i32> = second.events.iter().map(|e| e.attempt_count).collect();
+    assert_eq!(attempts, [3, 3, 1, 1, 1, 1, 1]);
+    assert!(second.unpublishable.is_empty());
+
+    // Everything due is leased now: nothing more to claim.
+    let third = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
+    assert!(third.events.is_empty(), "claimed {:?}", ids(&third));
+    assert_rows_ahead_untouched(&db).await;
+    assert_eq!(
+        db.count("event_type IN ('retry', 'new') AND next_attempt_at > now() + interval '5 minutes'")
+            .await,
+        10,
+        "every due row leased once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_move_between_the_paths_as_claims_and_outcomes_change_them() {
+    let db = TestDb::migrated().await;
+    let (_, untried) = seed(&db, 0, 4).await;
+    let store = store(&db);
+    let claimed = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
+    assert_eq!(ids(&claimed), untried);
+    let attempts: Vec<i32> = claimed.events.iter().map(|e| e.attempt_count).collect();
+
+    // One each: published, quarantined, backing off, given back after an
+    // outage. Only the refunded row is due again, as an untried row.
+    let error = ["refused"];
+    store.mark_published(&untried[..1], &attempts[..1]).await.unwrap();
+    store
+        .quarantine(&untried[1..2], &attempts[1..2], &error)
+        .await
+        .unwrap();
+    store
+        .reschedule(
+            &untried[2..3],
+            &attempts[2..3],
+            &error,
+            &[Duration::from_secs(3600)],
+        )
+        .await
+        .unwrap();
+    store.defer(&untried[3..], &attempts[3..]).await.unwrap();
+    let again = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
+    assert_eq!(ids(&again), untried[3..]);
+    assert_eq!(again.events[0].attempt_count, 1, "the refunded attempt");
+
+    // A lease that has run out (a relay that died mid-publish) makes its
+    // row due again on the tried path, counted once more.
+    db.client
+        .execute(
+            "UPDATE outbox_event SET next_attempt_at = now() - interval '1 second' WHERE id = $1",
+            &[&untried[3]],
+        )
+        .await
+        .unwrap();
+    let after_crash = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
+    assert_eq!(ids(&after_crash), untried[3..]);
+    assert_eq!(after_crash.events[0].attempt_count, 2);
+    assert_rows_ahead_untouched(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ordered_claims_take_due_heads_from_both_paths_and_never_a_successor() {
+    let db = TestDb::migrated().await;
+    let (tried, untried) = seed(&db, 2, 2).await;
+    // A successor for one due retry and one new row, and a row behind a
+    // backing-off head: none of them may go while its predecessor waits.
+    let successors: Vec<Uuid> = db
+        .column(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'successor', aggregate_id, '{}'::jsonb, now() + interval '1 minute'
+             FROM outbox_event
+             WHERE id = ANY($1::uuid[]) OR id = (SELECT id FROM outbox_event WHERE event_type = 'backing-off' LIMIT 1)
+             RETURNING id",
+            &[&vec![tried[0], untried[0]]],
+        )
+        .await;
+    assert_eq!(successors.len(), 3);
+    let store = store(&db);
+
+    let claimed = store
+        .claim(budget(100), LEASE, Ordering::Aggregate)
+        .await
+        .unwrap();
+    let expected: Vec<Uuid> = tried.iter().chain(&untried).copied().collect();
+    assert_eq!(ids(&claimed), expected, "the due heads, and only them");
+    let again = store
+        .claim(budget(100), LEASE, Ordering::Aggregate)
+        .await
+        .unwrap();
+    assert!(again.events.is_empty(), "claimed {:?}", ids(&again));
+    assert_rows_ahead_untouched(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_read_the_claim_path_indexes_and_never_the_table() {
+    let db = TestDb::migrated().await;
+    seed(&db, 5, 5).await;
+    let store = store(&db);
+    let render = |candidates: &str| {
+        format!(
+            "{candidates},\n{}",
+            include_str!("../src/store/sql/claim_lease.sql")
+        )
+        .replace("{table}", "\"outbox_event\"")
+        .replace("{predecessor_key}", "(p.created_at, p.id)")
+        .replace("{row_key}", "(t.created_at, t.id)")
+        .replace("{headers}", "NULL::text")
+    };
+    let (rows, lease, bytes, max_payload) = (100i64, 600_000i64, 1i64 << 24, 1i64 << 24);
+    // Planned on a connection of the relay's own pool, with its planner
+    // settings; plain EXPLAIN does not run the statement.
+    let client = store.client().await.expect("pooled connection");
+    for (what, sql) in [
+        ("claim", render(include_str!("../src/store/sql/claim.sql"))),
+        (
+            "ordered claim",
+            render(include_str!("../src/store/sql/claim_ordered.sql")),
+        ),
+    ] {
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN {sql}"), &[&rows, &lease, &bytes, &max_payload])
+            .await
+            .unwrap_or_else(|e| panic!("explain {what}: {e}"))
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        assert!(
+            !plan.contains("Seq Scan on outbox_event"),
+            "{what} scans the table:\n{plan}"
+        );
+        for index in ["outbox_event_tried_idx", "outbox_event_untried_idx"] {
+            assert!(plan.contains(index), "{what} does not use {index}:\n{plan}");
+        }
+        assert!(
+            !plan.contains("outbox_event_pending_idx"),
+            "{what} walks the pending index:\n{plan}"
+        );
+    }
+}
