@@ -248,19 +248,46 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         .replace("{row_key}", "(t.created_at, t.id)")
         .replace("{headers}", "NULL::text")
     };
+    let claim = include_str!("../src/store/sql/claim.sql");
+    // The claim that marks the previous batch first, as Store renders it.
+    let mark = include_str!("../src/store/sql/mark_published.sql")
+        .replace("$1::uuid[]", "$5::uuid[]")
+        .replace("$2::int[]", "$6::int[]");
+    let finish = include_str!("../src/store/sql/claim_finish.sql").replace("{record}", &mark);
     let (rows, lease, bytes, max_payload) = (100i64, 600_000i64, 1i64 << 24, 1i64 << 24);
+    let (confirmed, attempts) = (vec![Uuid::new_v4()], vec![1i32]);
     // Planned on a connection of the relay's own pool, with its planner
     // settings; plain EXPLAIN does not run the statement.
     let client = store.client().await.expect("pooled connection");
-    for (what, sql) in [
-        ("claim", render(include_str!("../src/store/sql/claim.sql"))),
+    for (what, sql, records) in [
+        (
+            "claim",
+            render(&claim.replace("{finish}", "").replace("{not_finished}", "")),
+            false,
+        ),
+        (
+            "claim after a mark",
+            render(
+                &claim
+                    .replace("{finish}", &finish)
+                    .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])"),
+            ),
+            true,
+        ),
         (
             "ordered claim",
             render(include_str!("../src/store/sql/claim_ordered.sql")),
+            false,
         ),
     ] {
+        type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+        let mut params: Vec<Param<'_>> = vec![&rows, &lease, &bytes, &max_payload];
+        if records {
+            params.push(&confirmed);
+            params.push(&attempts);
+        }
         let plan: Vec<String> = client
-            .query(&format!("EXPLAIN {sql}"), &[&rows, &lease, &bytes, &max_payload])
+            .query(&format!("EXPLAIN {sql}"), &params)
             .await
             .unwrap_or_else(|e| panic!("explain {what}: {e}"))
             .iter()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::rows::Rows;
 use common::TestDb;
 use outbox_relay::config::DatabaseSettings;
-use outbox_relay::store::{ClaimBudget, Ordering, Store};
+use outbox_relay::store::{ClaimBudget, OnPublish, Ordering, Store};
 use uuid::Uuid;
 
 fn store(db: &TestDb) -> Store {
@@ -238,4 +238,97 @@ async fn a_deferred_row_gets_its_attempt_back_once() {
     );
     let again = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
     assert_eq!(again.events.len(), 3, "claimable again at once");
+}
+
+fn pairs(claimed: &outbox_relay::store::Claimed) -> (Vec<Uuid>, Vec<i32>) {
+    claimed.events.iter().map(|e| (e.id, e.attempt_count)).unzip()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_records_the_previous_batch_in_the_same_statement() {
+    for on_publish in [OnPublish::Mark, OnPublish::Delete] {
+        let db = TestDb::migrated().await;
+        let recorded = || async {
+            match on_publish {
+                OnPublish::Mark => db.count("published_at IS NOT NULL").await,
+                OnPublish::Delete => 5 - db.count("true").await,
+            }
+        };
+        Rows::pending(5).insert(&db).await;
+        let store = store(&db);
+        let two = ClaimBudget { rows: 2, ..GENEROUS };
+        let first = store.claim(two, LEASE, Ordering::None).await.unwrap();
+        let (ids, attempts) = pairs(&first);
+
+        let second = store
+            .record_and_claim(on_publish, &ids, &attempts, two, LEASE)
+            .await
+            .unwrap();
+        assert_eq!(second.events.len(), 2, "{on_publish:?}: the next batch");
+        assert!(second.events.iter().all(|e| !ids.contains(&e.id)));
+        assert_eq!(recorded().await, 2, "{on_publish:?}: the first batch recorded");
+
+        // Nothing left to claim: the confirmed rows are recorded all the same.
+        let (ids, attempts) = pairs(&second);
+        let last = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
+        let (last_ids, last_attempts) = pairs(&last);
+        assert_eq!(last_ids.len(), 1);
+        let ids = [ids, last_ids].concat();
+        let attempts = [attempts, last_attempts].concat();
+        let empty = store
+            .record_and_claim(on_publish, &ids, &attempts, GENEROUS, LEASE)
+            .await
+            .unwrap();
+        assert!(empty.events.is_empty() && empty.unpublishable.is_empty());
+        assert_eq!(recorded().await, 5, "{on_publish:?}: every batch recorded");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confirmed_row_whose_lease_ran_out_is_recorded_not_claimed_again() {
+    let db = TestDb::migrated().await;
+    Rows::pending(3).insert(&db).await;
+    let store = store(&db);
+    // Leases that run out at once: these rows are due again, on the tried
+    // path, by the time their confirmations are recorded.
+    let first = store
+        .claim(GENEROUS, Duration::ZERO, Ordering::None)
+        .await
+        .unwrap();
+    let (ids, attempts) = pairs(&first);
+    let next = store
+        .record_and_claim(OnPublish::Mark, &ids[..2], &attempts[..2], GENEROUS, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(
+        next.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![ids[2]],
+        "only the unconfirmed row is claimed again"
+    );
+    assert_eq!(db.count("published_at IS NOT NULL AND attempt_count = 1").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_confirmation_recorded_with_a_claim_leaves_a_row_claimed_since() {
+    let db = TestDb::migrated().await;
+    Rows::pending(2).insert(&db).await;
+    let store = store(&db);
+    let stalled = store
+        .claim(GENEROUS, Duration::ZERO, Ordering::None)
+        .await
+        .unwrap();
+    // Another replica takes the rows after the stalled lease ran out.
+    let current = store.claim(GENEROUS, LEASE, Ordering::None).await.unwrap();
+    assert_eq!(current.events.len(), 2);
+    let (ids, stale) = pairs(&stalled);
+    let next = store
+        .record_and_claim(OnPublish::Delete, &ids, &stale, GENEROUS, LEASE)
+        .await
+        .unwrap();
+    assert!(next.events.is_empty(), "the rows are leased by the current claim");
+    assert_eq!(
+        db.count("published_at IS NULL AND attempt_count = 2").await,
+        2,
+        "left to the claim that holds them"
+    );
 }

@@ -25,16 +25,8 @@ use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::retry::Backoff;
 use crate::sink::{Outcome, Sink, SinkError};
+pub use crate::store::OnPublish;
 use crate::store::{ClaimBudget, Claimed, Ordering, Store, StoreError};
-
-/// What happens to a row once the broker confirmed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnPublish {
-    /// Set `published_at` (retention deletes it later).
-    Mark,
-    /// Delete the row at once.
-    Delete,
-}
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -159,6 +151,10 @@ impl Relay {
         let mut sink_state = Availability::new(&self.sink_outage);
         let mut db_state = Availability::new(&self.database_outage);
         let mut congestion = Availability::new(&self.confirm_outage);
+        // What the broker confirmed of this worker's last batch, recorded
+        // with its next claim whenever there is one at once (see
+        // Store::record_and_claim), on its own before any wait.
+        let mut confirmed = Confirmed::default();
         while !shutdown.is_cancelled() {
             self.liveness.beat(worker);
             // Checking the sink first keeps a broker outage from burning
@@ -169,6 +165,7 @@ impl Relay {
                 .unwrap_or_else(|_| Err(SinkError("no answer within OUTBOX_PUBLISH_TIMEOUT".to_owned())));
             if let Err(e) = ready {
                 let delay = sink_state.failed(&e);
+                self.record_confirmed(&mut confirmed, shutdown).await;
                 sleep_or_cancel(delay, shutdown).await;
                 continue;
             }
@@ -178,17 +175,26 @@ impl Relay {
                 bytes: self.config.max_batch_bytes,
                 max_payload: self.sink.max_payload_bytes(),
             };
-            let batch = match self
-                .store
-                .claim(budget, self.config.lease(), self.config.ordering)
-                .await
-            {
+            let claim = if confirmed.rows.is_empty() {
+                self.store
+                    .claim(budget, self.config.lease(), self.config.ordering)
+                    .await
+            } else {
+                let (ids, attempts): (Vec<Uuid>, Vec<i32>) =
+                    confirmed.rows.iter().map(|row| (row.id, row.attempt)).unzip();
+                self.store
+                    .record_and_claim(self.config.on_publish, &ids, &attempts, budget, self.config.lease())
+                    .await
+            };
+            let batch = match claim {
                 Ok(batch) => {
+                    confirmed.rows.clear();
                     db_state.succeeded();
                     batch
                 }
                 Err(e) => {
                     let delay = db_state.failed(&e);
+                    self.record_confirmed(&mut confirmed, shutdown).await;
                     sleep_or_cancel(delay, shutdown).await;
                     continue;
                 }
@@ -206,20 +212,37 @@ impl Relay {
             // A batch that timed out means the broker is not keeping up:
             // claiming again at once would only add to its load and burn
             // more attempts, so this worker backs off first.
-            if self.process(batch, shutdown).await == BatchResult::TimedOut {
+            let result;
+            (result, confirmed) = self.process(batch, shutdown).await;
+            if result == BatchResult::TimedOut {
                 let delay = congestion.failed(&format_args!(
                     "a batch was not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                     self.config.publish_timeout
                 ));
+                self.record_confirmed(&mut confirmed, shutdown).await;
                 sleep_or_cancel(delay, shutdown).await;
             } else {
                 congestion.succeeded();
             }
         }
+        self.record_confirmed(&mut confirmed, shutdown).await;
     }
 
-    /// Publishes one claimed batch and records its outcomes.
-    async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> BatchResult {
+    /// Records confirmed rows left for a claim that is not coming now.
+    async fn record_confirmed(&self, confirmed: &mut Confirmed, shutdown: &CancellationToken) {
+        if confirmed.rows.is_empty() {
+            return;
+        }
+        let decisions = Decisions {
+            published: std::mem::take(&mut confirmed.rows),
+            ..Decisions::default()
+        };
+        self.record(&decisions, confirmed.deadline, shutdown).await;
+    }
+
+    /// Publishes one claimed batch and records its outcomes, except the
+    /// confirmed rows that an unordered claim records next (returned).
+    async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> (BatchResult, Confirmed) {
         let claimed_at = Instant::now();
         // The trace each row continues (its valid W3C traceparent), so that
         // every line about a row or the batch names it.
@@ -304,17 +327,26 @@ impl Relay {
         // holding on. On shutdown, give up sooner: an unrecorded row is
         // republished after its lease, never lost.
         let deadline = claimed_at + self.config.lease();
+        let published = decisions.published.len();
+        let confirmed = Confirmed {
+            rows: if self.config.ordering == Ordering::None && !shutdown.is_cancelled() {
+                std::mem::take(&mut decisions.published)
+            } else {
+                Vec::new()
+            },
+            deadline,
+        };
         self.record(&decisions, deadline, shutdown).await;
         debug!(
             report = "batch_recorded",
-            published = decisions.published.len(),
+            published,
             retried = decisions.retry.len(),
             quarantined = decisions.quarantine.len(),
             deferred = decisions.deferred.len(),
             trace_id = traces_of(&mut batch.iter().map(|event| &event.id)),
             "batch recorded"
         );
-        result
+        (result, confirmed)
     }
 
     async fn record_step(&self, step: Step, decisions: &Decisions) -> Result<u64, StoreError> {
@@ -413,6 +445,23 @@ impl Relay {
                 }
                 Err(e) => error = e,
             }
+        }
+    }
+}
+
+/// Rows the broker confirmed whose outcome is not recorded yet.
+#[derive(Debug)]
+struct Confirmed {
+    rows: Vec<ClaimedRow>,
+    /// When their lease runs out: recording is pointless after that.
+    deadline: Instant,
+}
+
+impl Default for Confirmed {
+    fn default() -> Self {
+        Self {
+            rows: Vec::new(),
+            deadline: Instant::now(),
         }
     }
 }

@@ -111,3 +111,12 @@ pub enum Ordering {
     /// predecessors in its aggregate are all published.
     Aggregate,
 }
+
+/// What happens to a row once the broker confirmed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPublish {
+    /// Set `published_at` (retention deletes it later).
+    Mark,
+    /// Delete the row at once.
+    Delete,
+}

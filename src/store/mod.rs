@@ -24,7 +24,7 @@ use claim::claimed_event;
 
 pub use admin::{QuarantineCursor, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
 pub use backlog::{Backlog, BacklogCounts, GaugeReading, COUNT_CAP, STUCK_SCAN};
-pub use claim::{ClaimBudget, Claimed, Ordering, Unpublishable};
+pub use claim::{ClaimBudget, Claimed, OnPublish, Ordering, Unpublishable};
 pub use columns::{
     check_columns, check_table, report as report_table_check, Column, Finding, Severity, UnusableTable,
 };
@@ -83,6 +83,10 @@ struct Statements {
     // Each claim twice, indexed by whether the table has the optional
     // `headers` column: `[without, with]`.
     claim: [String; 2],
+    /// The claim that first marks the previous batch's confirmed rows.
+    claim_after_mark: [String; 2],
+    /// The claim that first deletes the previous batch's confirmed rows.
+    claim_after_delete: [String; 2],
     claim_ordered: [String; 2],
     claim_ordered_by_sequence: [String; 2],
     mark_published: String,
@@ -102,8 +106,26 @@ impl Statements {
             let sql = render(&format!("{candidates},\n{}", include_str!("sql/claim_lease.sql")));
             HEADERS_COLUMN.map(|headers| sql.replace("{headers}", headers))
         };
+        let plain_claim = include_str!("sql/claim.sql")
+            .replace("{finish}", "")
+            .replace("{not_finished}", "");
+        // The recording statement, its pairs moved to $5 and $6 after the
+        // claim's four parameters.
+        let claim_after = |record: &str| {
+            let record = record
+                .replace("$1::uuid[]", "$5::uuid[]")
+                .replace("$2::int[]", "$6::int[]");
+            let finish = include_str!("sql/claim_finish.sql").replace("{record}", &record);
+            claim(
+                &include_str!("sql/claim.sql")
+                    .replace("{finish}", &finish)
+                    .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])"),
+            )
+        };
         Self {
-            claim: claim(include_str!("sql/claim.sql")),
+            claim: claim(&plain_claim),
+            claim_after_mark: claim_after(include_str!("sql/mark_published.sql")),
+            claim_after_delete: claim_after(include_str!("sql/delete_published.sql")),
             claim_ordered: claim(include_str!("sql/claim_ordered.sql")).map(|sql| {
                 sql.replace("{predecessor_key}", "(p.created_at, p.id)")
                     .replace("{row_key}", "(t.created_at, t.id)")
@@ -299,17 +321,58 @@ impl Store {
             Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
             Ordering::Aggregate => &self.sql.claim_ordered,
         }[usize::from(self.has_headers().await?)];
+        self.run_claim(sql, budget, lease, &[]).await
+    }
+
+    /// Records the rows the broker confirmed in a worker's previous batch
+    /// (pairs as in [`Store::mark_published`]; marked or deleted as
+    /// `on_publish` says) and claims the next batch as
+    /// [`Store::claim`] with [`Ordering::None`] does, in one statement:
+    /// both happen or neither does. Ordered claims cannot see what the
+    /// same statement recorded, so they record on their own.
+    pub async fn record_and_claim(
+        &self,
+        on_publish: OnPublish,
+        ids: &[Uuid],
+        attempts: &[i32],
+        budget: ClaimBudget,
+        lease: Duration,
+    ) -> Result<Claimed, StoreError> {
+        let sql = &match on_publish {
+            OnPublish::Mark => &self.sql.claim_after_mark,
+            OnPublish::Delete => &self.sql.claim_after_delete,
+        }[usize::from(self.has_headers().await?)];
+        self.run_claim(
+            sql,
+            budget,
+            lease,
+            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
+    }
+
+    /// Runs one of the claim statements: the budget and lease are its first
+    /// four parameters, `more` follow.
+    async fn run_claim(
+        &self,
+        sql: &str,
+        budget: ClaimBudget,
+        lease: Duration,
+        more: &[Param<'_>],
+    ) -> Result<Claimed, StoreError> {
         bounded(async {
             let mut client = self.pool.get().await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
             let bytes = i64::try_from(budget.bytes).unwrap_or(i64::MAX);
             let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
-            let params: [Param<'_>; 4] = [
-                (&i64::from(budget.rows), Type::INT8),
+            let rows = i64::from(budget.rows);
+            let mut params: Vec<Param<'_>> = vec![
+                (&rows, Type::INT8),
                 (&lease_ms, Type::INT8),
                 (&bytes, Type::INT8),
                 (&max_payload, Type::INT8),
             ];
+            params.extend_from_slice(more);
             let rows = match self.pooler {
                 Pooler::None => Session::client(self.pooler, &client).query(sql, &params).await?,
                 // The settings hold for this transaction only, so the claim
@@ -497,5 +560,28 @@ mod tests {
         let cut = &last_errors(&[&long])[0];
         assert!(cut.len() <= 1000 + '…'.len_utf8());
         assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn every_claim_statement_is_fully_rendered() {
+        let table = TableName::parse("outbox_event").expect("valid name");
+        let sql = Statements::for_table(&table);
+        let all = [
+            &sql.claim,
+            &sql.claim_after_mark,
+            &sql.claim_after_delete,
+            &sql.claim_ordered,
+            &sql.claim_ordered_by_sequence,
+        ];
+        for statement in all.iter().flat_map(|variants| variants.iter()) {
+            assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
+        }
+        for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
+            // The recorded pairs follow the claim's four parameters.
+            assert!(statement.contains("unnest($5::uuid[], $6::int[])"));
+            assert!(statement.contains("AND id <> ALL ($5::uuid[])"));
+            assert!(!statement.contains("$1::uuid[]"));
+        }
+        assert!(!sql.claim[0].contains("$5"));
     }
 }

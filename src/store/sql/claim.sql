@@ -35,13 +35,20 @@
 -- Every column is cast to the type the relay reads, so a table in an older
 -- shape (created_at without time zone, a BIGINT attempt_count, a UUID
 -- aggregate_id) works as it is.
-WITH tried AS (
+--
+-- The finish placeholder after WITH is empty, or claim_finish.sql: the
+-- worker's previous batch recorded in this same statement. The tried
+-- path's last condition then keeps the rows it records out of that path (the only path they could be on, with an
+-- attempt counted): were one's lease to run out first, this statement
+-- would otherwise both record and claim it, in an order PostgreSQL does
+-- not define.
+WITH {finish}tried AS (
     SELECT id, created_at, payload::text AS body
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
       AND attempt_count > 0
-      AND next_attempt_at <= now()
+      AND next_attempt_at <= now(){not_finished}
     ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
