@@ -110,6 +110,7 @@ pub async fn serve_with_sink(
             store.clone(),
             config.retention,
             metrics.clone(),
+            relay.catch_up(),
             shutdown.clone(),
         );
         async move {

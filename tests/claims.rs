@@ -305,7 +305,10 @@ async fn a_confirmed_row_whose_lease_ran_out_is_recorded_not_claimed_again() {
         vec![ids[2]],
         "only the unconfirmed row is claimed again"
     );
-    assert_eq!(db.count("published_at IS NOT NULL AND attempt_count = 1").await, 2);
+    assert_eq!(
+        db.count("published_at IS NOT NULL AND attempt_count = 1").await,
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -18,6 +18,12 @@
 //! connection. The cost is that replicas may take turns between batches,
 //! which is harmless: the batches are disjoint by construction
 //! (`FOR UPDATE SKIP LOCKED`), the lock only avoids wasted work.
+//!
+//! While the relay is catching up with a backlog (a claim came back full in
+//! the last seconds: [`CatchUp`]), a pass gives way: after each batch it
+//! pauses [`YIELD_FACTOR`] times as long as the batch took, so it takes at
+//! most a quarter of one connection's time from the drain. Deleting old
+//! rows can wait; publishing new ones cannot.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +34,7 @@ use tracing::{debug, info};
 
 use super::Outage;
 use crate::metrics::Metrics;
+use crate::relay::CatchUp;
 use crate::store::{RetentionBatch, Store, StoreError};
 
 /// Rows deleted per statement: small enough that a batch takes
@@ -40,6 +47,19 @@ pub const BATCH_SIZE: i64 = 1_000;
 /// single index probe.
 pub const INTERVAL: Duration = Duration::from_secs(60);
 
+/// While the relay catches up, a pass pauses this many times as long as
+/// each batch took.
+pub const YIELD_FACTOR: u32 = 3;
+
+/// The pause after a batch that took `took`.
+fn pause_after(took: Duration, catching_up: bool) -> Duration {
+    if catching_up {
+        took * YIELD_FACTOR
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Pass {
@@ -49,24 +69,39 @@ pub struct Pass {
     pub batches: u64,
     /// Whether the pass stopped because another replica holds the lock.
     pub busy: bool,
+    /// Time spent giving way to the relay.
+    pub paused: Duration,
 }
 
 /// Deletes rows published more than `retention` ago, `batch_size` at a
 /// time, until a batch comes back short, another replica turns out to be
 /// cleaning the table, or `shutdown` is cancelled. Counts every committed
 /// batch in `outbox_retention_deleted_total` as it goes, so a pass cut short
-/// by an error still reports what it did.
+/// by an error still reports what it did. Gives way to the relay while
+/// `catch_up` says it is catching up.
 pub async fn run_pass(
     store: &Store,
     retention: Duration,
     batch_size: i64,
     metrics: &Metrics,
+    catch_up: &CatchUp,
     shutdown: &CancellationToken,
 ) -> Result<Pass, StoreError> {
     let mut pass = Pass::default();
+    let mut pause = Duration::ZERO;
     while !shutdown.is_cancelled() {
+        if !pause.is_zero() {
+            pass.paused += pause;
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
         pass.batches += 1;
-        match store.delete_retained(retention, batch_size).await? {
+        let started = Instant::now();
+        let batch = store.delete_retained(retention, batch_size).await?;
+        pause = pause_after(started.elapsed(), catch_up.catching_up());
+        match batch {
             RetentionBatch::Busy => {
                 pass.busy = true;
                 break;
@@ -89,6 +124,7 @@ pub async fn run(
     store: Arc<Store>,
     retention: Option<Duration>,
     metrics: Arc<Metrics>,
+    catch_up: Arc<CatchUp>,
     shutdown: CancellationToken,
 ) {
     let Some(retention) = retention else {
@@ -107,13 +143,14 @@ pub async fn run(
         let started = Instant::now();
         // A batch is one short transaction, so letting the one in flight
         // finish on shutdown costs at most a few milliseconds.
-        match run_pass(&store, retention, BATCH_SIZE, &metrics, &shutdown).await {
+        match run_pass(&store, retention, BATCH_SIZE, &metrics, &catch_up, &shutdown).await {
             Ok(pass) => {
                 outage.succeeded();
                 if pass.deleted > 0 {
                     info!(
                         deleted = pass.deleted,
                         batches = pass.batches,
+                        paused_for_backlog_ms = pass.paused.as_millis() as u64,
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "retention deleted published rows"
                     );
@@ -123,5 +160,17 @@ pub async fn run(
             }
             Err(error) => outage.failed(&error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_pauses_only_while_the_relay_catches_up() {
+        let took = Duration::from_millis(20);
+        assert_eq!(pause_after(took, false), Duration::ZERO);
+        assert_eq!(pause_after(took, true), Duration::from_millis(60));
     }
 }

@@ -5,6 +5,7 @@
 //! come due again when their lease runs out. Outcomes are recorded with one
 //! set-based statement per kind (published, retry, quarantine) per batch.
 
+mod catch_up;
 mod decide;
 
 use std::collections::{HashMap, HashSet};
@@ -17,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+pub use catch_up::{CatchUp, CATCHING_UP_FOR};
 pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
 
 use crate::headers::batch_trace_ids;
@@ -86,6 +88,7 @@ pub struct Relay {
     metrics: Arc<Metrics>,
     wake: Arc<Notify>,
     liveness: Arc<Liveness>,
+    catch_up: Arc<CatchUp>,
     sink_outage: Mutex<Outage>,
     confirm_outage: Mutex<Outage>,
     database_outage: Mutex<Outage>,
@@ -100,6 +103,7 @@ impl Relay {
             liveness: Arc::new(Liveness::new(config.workers as usize, stall_limit(&config))),
             config,
             metrics,
+            catch_up: Arc::default(),
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             sink_outage: Mutex::new(Outage::new(sink.kind())),
@@ -115,6 +119,12 @@ impl Relay {
     /// The workers' heartbeat, which `/healthz` reads.
     pub fn liveness(&self) -> Arc<Liveness> {
         self.liveness.clone()
+    }
+
+    /// Whether the relay is catching up with a backlog, which retention
+    /// reads to give way.
+    pub fn catch_up(&self) -> Arc<CatchUp> {
+        self.catch_up.clone()
     }
 
     fn backoff(&self) -> Backoff {
@@ -183,7 +193,13 @@ impl Relay {
                 let (ids, attempts): (Vec<Uuid>, Vec<i32>) =
                     confirmed.rows.iter().map(|row| (row.id, row.attempt)).unzip();
                 self.store
-                    .record_and_claim(self.config.on_publish, &ids, &attempts, budget, self.config.lease())
+                    .record_and_claim(
+                        self.config.on_publish,
+                        &ids,
+                        &attempts,
+                        budget,
+                        self.config.lease(),
+                    )
                     .await
             };
             let batch = match claim {
@@ -199,7 +215,11 @@ impl Relay {
                     continue;
                 }
             };
-            if batch.events.is_empty() && batch.unpublishable.is_empty() {
+            let claimed_rows = batch.events.len() + batch.unpublishable.len();
+            if claimed_rows >= self.config.batch_size as usize {
+                self.catch_up.full_claim();
+            }
+            if claimed_rows == 0 {
                 // New rows announced by the NOTIFY trigger end the sleep
                 // early; without the trigger, polling alone finds them.
                 tokio::select! {
