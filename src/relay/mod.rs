@@ -3,7 +3,9 @@
 //! Claims are committed leases (see `store/sql/claim.sql`): no transaction
 //! is open while the broker works, and a relay that dies leaves rows that
 //! come due again when their lease runs out. Outcomes are recorded with one
-//! set-based statement per kind (published, retry, quarantine) per batch.
+//! set-based statement per kind (published, retry, quarantine) per batch;
+//! with unordered claims the published rows go with the worker's next
+//! claim, in the same statement.
 
 mod catch_up;
 mod decide;
