@@ -93,7 +93,6 @@ pub async fn serve_with_sink(
             store.clone(),
             metrics.clone(),
             crate::maintenance::gauges::REFRESH_INTERVAL,
-            relay.catch_up(),
             shutdown.clone(),
         );
         async move {

@@ -405,7 +405,6 @@ async fn the_gauge_refresher_outlives_dropped_database_connections() {
         store.clone(),
         metrics.clone(),
         Duration::from_millis(100),
-        std::sync::Arc::new(CatchUp::default()),
         shutdown.clone(),
     ));
     Rows::pending(2).insert(&db).await;

@@ -11,43 +11,20 @@
 //! one replica at a time computes them, at most once per [`max_age`]; the
 //! others show what it stored. The database's work per interval is then
 //! the same for one replica or fifty, and bounded at any table size.
-//!
-//! Bounded in entries, not in dead ones: the pending index keeps an entry
-//! for every row version a claim or a mark replaced until a vacuum removes
-//! it (two per event), and the oldest-age and count queries start at its
-//! old end, where a drain leaves them. During a drain of 1,000,000 rows
-//! they took up to a second per refresh and slowed the drain by a quarter.
-//! So while the relay is catching up with a backlog ([`CatchUp`]),
-//! refreshes come [`CATCH_UP_SLOWDOWN`] times less often (every 30 s by
-//! default, well inside the stale-gauges alert's two minutes).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::Outage;
 use crate::metrics::Metrics;
-use crate::relay::CatchUp;
 use crate::store::{GaugeReading, Store, StoreError};
 
 /// How often the gauges are refreshed: well inside a 15 s scrape interval,
 /// so a scrape never sees a value more than one interval old.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
-
-/// While the relay catches up with a backlog, refreshes come this many
-/// times less often.
-pub const CATCH_UP_SLOWDOWN: u32 = 6;
-
-/// The time from one refresh's start to the next.
-fn interval(every: Duration, catching_up: bool) -> Duration {
-    if catching_up {
-        every * CATCH_UP_SLOWDOWN
-    } else {
-        every
-    }
-}
 
 /// How old stored counts may be before a refresh computes them again:
 /// under the interval, so the replica that computed last finds them due on
@@ -80,24 +57,22 @@ pub async fn refresh(
     Ok(reading)
 }
 
-/// Refreshes the gauges at once and then every `every` (less often while
-/// `catch_up` says the relay is catching up), until `shutdown`.
-pub async fn run(
-    store: Arc<Store>,
-    metrics: Arc<Metrics>,
-    every: Duration,
-    catch_up: Arc<CatchUp>,
-    shutdown: CancellationToken,
-) {
+/// Refreshes the gauges at once and then every `every`, until `shutdown`.
+///
+/// While the database is unreachable the gauges keep their last values:
+/// zero would read as "no backlog" exactly when there may be one, and
+/// `/readyz` and the relay-down alert already report the outage. The
+/// refresh time stops advancing, which the stale-gauges alert watches.
+pub async fn run(store: Arc<Store>, metrics: Arc<Metrics>, every: Duration, shutdown: CancellationToken) {
     let mut outage = Outage::new("gauges");
-    let mut next = Instant::now();
+    let mut ticker = tokio::time::interval(every);
+    // After a slow query, wait a full interval rather than firing a burst.
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
+            _ = ticker.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let started = Instant::now();
-        let every = interval(every, catch_up.catching_up());
         let result = tokio::select! {
             result = refresh(&store, &metrics, max_age(every)) => result,
             _ = shutdown.cancelled() => return,
@@ -106,20 +81,5 @@ pub async fn run(
             Ok(_) => outage.succeeded(),
             Err(error) => outage.failed(&error),
         }
-        // After a refresh slower than the interval, wait a full interval
-        // rather than start the next one at once.
-        next = (started + every).max(Instant::now() + every / 2);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refreshes_slow_down_while_the_relay_catches_up() {
-        let every = Duration::from_secs(5);
-        assert_eq!(interval(every, false), every);
-        assert_eq!(interval(every, true), Duration::from_secs(30));
     }
 }
