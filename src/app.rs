@@ -79,6 +79,7 @@ pub async fn serve_with_sink(
         store: store.clone(),
         sink: sink.clone(),
         liveness: liveness.clone(),
+        health: relay.health(),
     };
     let http = tasks.spawn("http", Ends::OnShutdown, {
         let http_stop = http_stop.clone();

@@ -26,6 +26,7 @@ use tracing::debug;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
+use crate::relay::RelayHealth;
 use crate::sink::Sink;
 use crate::store::Store;
 
@@ -59,6 +60,8 @@ pub struct HttpState {
     pub sink: Arc<dyn Sink>,
     /// The relay workers' heartbeat, for liveness.
     pub liveness: Arc<Liveness>,
+    /// What the relay's own claims and batches say, for readiness.
+    pub health: Arc<RelayHealth>,
 }
 
 /// The endpoints' routes.
@@ -185,6 +188,9 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
             state.sink.kind()
         )),
     }
+    // A database that answers SELECT 1 while every claim fails, or a broker
+    // that answers its probe while deferring every batch, is not ready.
+    problems.extend(state.health.problems());
     if problems.is_empty() {
         (StatusCode::OK, "ready\n".to_owned())
     } else {

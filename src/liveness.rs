@@ -130,18 +130,20 @@ impl Liveness {
 /// The longest one iteration of a worker's loop can legitimately take:
 /// the silence `/healthz` tolerates. An iteration is
 ///
-/// 1. the sink's readiness check, bounded by `OUTBOX_PUBLISH_TIMEOUT`;
+/// 1. the sink's readiness check, bounded by `OUTBOX_PUBLISH_TIMEOUT`,
+///    after recording the last batch's confirmed rows if the check has to
+///    wait (retried through a database outage until their lease runs out);
 /// 2. the claim, one statement bounded by the query timeout, plus one more
 ///    the first time an ordered claim looks up the sequence column;
 /// 3. then the longest of: the idle sleep (`OUTBOX_POLL_INTERVAL`), an
-///    outage back-off (the in-process retry cap), or a batch followed by a
-///    congestion back-off. A batch's publish and recording end by its
+///    outage back-off or a wait for the next probe of a broker deferring
+///    batches (both capped at the in-process retry cap), or a batch. A batch's publish and recording end by its
 ///    lease, except the last recording statement, which may start just
 ///    before the lease runs out and take the query timeout.
 ///
-/// With the defaults: 30 s + 2 × 30 s + (65 s + 30 s + 5 s) = 190 s.
+/// With the defaults: (65 s + 30 s) + 2 × 30 s + (65 s + 30 s + 5 s) = 255 s.
 pub fn stall_limit(config: &RelayConfig) -> Duration {
-    let ready = config.publish_timeout;
+    let ready = config.lease() + config.publish_timeout;
     let claim = QUERY_TIMEOUT * 2;
     let batch = config.lease() + QUERY_TIMEOUT + MAX_RETRY_DELAY;
     ready + claim + batch.max(config.poll_interval).max(MAX_RETRY_DELAY)
@@ -213,11 +215,11 @@ mod tests {
             workers: 2,
             max_batch_bytes: 16 * 1024 * 1024,
         };
-        assert_eq!(stall_limit(&config), Duration::from_secs(190));
+        assert_eq!(stall_limit(&config), Duration::from_secs(255));
         let slow_poll = RelayConfig {
             poll_interval: Duration::from_secs(600),
             ..config
         };
-        assert_eq!(stall_limit(&slow_poll), Duration::from_secs(30 + 60 + 600));
+        assert_eq!(stall_limit(&slow_poll), Duration::from_secs(65 + 30 + 60 + 600));
     }
 }

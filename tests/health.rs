@@ -127,6 +127,7 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
         store: Arc::new(Store::new(&database, 1)),
         sink: Arc::new(PanickingSink),
         liveness: liveness.clone(),
+        health: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -9,6 +9,7 @@
 
 mod catch_up;
 mod decide;
+mod health;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 pub use catch_up::{CatchUp, CATCHING_UP_FOR};
 pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
+pub use health::{BatchHealth, RelayHealth, Turn, PROBE_ROWS};
 
 use crate::headers::batch_trace_ids;
 use crate::liveness::{stall_limit, Liveness};
@@ -67,17 +69,6 @@ impl RelayConfig {
     }
 }
 
-/// How a batch's publish ended, as far as the loop cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchResult {
-    /// The sink answered for every row (whatever the answers were).
-    Answered,
-    /// The sink did not even return by its deadline (plus a grace): the
-    /// broker is not keeping up, so the worker backs off before claiming
-    /// again.
-    TimedOut,
-}
-
 /// How long past the publish deadline a sink may take to return the
 /// outcomes it has; sinks stop waiting at the deadline itself.
 const SINK_GRACE: Duration = Duration::from_secs(2);
@@ -92,8 +83,8 @@ pub struct Relay {
     liveness: Arc<Liveness>,
     catch_up: Arc<CatchUp>,
     sink_outage: Mutex<Outage>,
-    confirm_outage: Mutex<Outage>,
     database_outage: Mutex<Outage>,
+    health: Arc<RelayHealth>,
 }
 
 impl Relay {
@@ -109,7 +100,7 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             sink_outage: Mutex::new(Outage::new(sink.kind())),
-            confirm_outage: Mutex::new(Outage::new("broker confirms")),
+            health: Arc::default(),
         }
     }
 
@@ -121,6 +112,12 @@ impl Relay {
     /// The workers' heartbeat, which `/healthz` reads.
     pub fn liveness(&self) -> Arc<Liveness> {
         self.liveness.clone()
+    }
+
+    /// What the relay's own work says about the database and the broker,
+    /// which `/readyz` reports.
+    pub fn health(&self) -> Arc<RelayHealth> {
+        self.health.clone()
     }
 
     /// Whether the relay is catching up with a backlog, which retention
@@ -162,20 +159,32 @@ impl Relay {
     async fn work(&self, worker: usize, shutdown: &CancellationToken) {
         let mut sink_state = Availability::new(&self.sink_outage);
         let mut db_state = Availability::new(&self.database_outage);
-        let mut congestion = Availability::new(&self.confirm_outage);
         // What the broker confirmed of this worker's last batch, recorded
         // with its next claim whenever there is one at once (see
         // Store::record_and_claim), on its own before any wait.
         let mut confirmed = Confirmed::default();
         while !shutdown.is_cancelled() {
             self.liveness.beat(worker);
+            // While the broker defers whole batches, one worker of the
+            // replica at a time publishes a small probe batch, spaced by a
+            // capped backoff (see health.rs).
+            let turn = self.health.turn();
+            let rows = match turn {
+                Turn::Publish => self.config.batch_size,
+                Turn::Probe => self.config.batch_size.min(PROBE_ROWS),
+                Turn::Wait(delay) => {
+                    self.record_confirmed(&mut confirmed, shutdown).await;
+                    sleep_or_cancel(delay, shutdown).await;
+                    continue;
+                }
+            };
+            let probing = turn == Turn::Probe;
             // Checking the sink first keeps a broker outage from burning
-            // every row's attempts towards quarantine. Bounded, so that a
-            // connection attempt into a black hole is an outage, not a hang.
-            let ready = tokio::time::timeout(self.config.publish_timeout, self.sink.ready())
-                .await
-                .unwrap_or_else(|_| Err(SinkError("no answer within OUTBOX_PUBLISH_TIMEOUT".to_owned())));
-            if let Err(e) = ready {
+            // every row's attempts towards quarantine.
+            if let Err(e) = self.sink_ready(&mut confirmed, shutdown).await {
+                if probing {
+                    self.health.probe_abandoned();
+                }
                 let delay = sink_state.failed(&e);
                 self.record_confirmed(&mut confirmed, shutdown).await;
                 sleep_or_cancel(delay, shutdown).await;
@@ -183,7 +192,7 @@ impl Relay {
             }
             sink_state.succeeded();
             let budget = ClaimBudget {
-                rows: self.config.batch_size,
+                rows,
                 bytes: self.config.max_batch_bytes,
                 max_payload: self.sink.max_payload_bytes(),
             };
@@ -208,9 +217,14 @@ impl Relay {
                 Ok(batch) => {
                     confirmed.rows.clear();
                     db_state.succeeded();
+                    self.health.claim_succeeded();
                     batch
                 }
                 Err(e) => {
+                    self.health.claim_failed(&e);
+                    if probing {
+                        self.health.probe_abandoned();
+                    }
                     let delay = db_state.failed(&e);
                     self.record_confirmed(&mut confirmed, shutdown).await;
                     sleep_or_cancel(delay, shutdown).await;
@@ -222,6 +236,9 @@ impl Relay {
                 self.catch_up.full_claim();
             }
             if claimed_rows == 0 {
+                if probing {
+                    self.health.probe_found_nothing();
+                }
                 // New rows announced by the NOTIFY trigger end the sleep
                 // early; without the trigger, polling alone finds them.
                 tokio::select! {
@@ -231,23 +248,28 @@ impl Relay {
                 }
                 continue;
             }
-            // A batch that timed out means the broker is not keeping up:
-            // claiming again at once would only add to its load and burn
-            // more attempts, so this worker backs off first.
-            let result;
-            (result, confirmed) = self.process(batch, shutdown).await;
-            if result == BatchResult::TimedOut {
-                let delay = congestion.failed(&format_args!(
-                    "a batch was not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
-                    self.config.publish_timeout
-                ));
-                self.record_confirmed(&mut confirmed, shutdown).await;
-                sleep_or_cancel(delay, shutdown).await;
-            } else {
-                congestion.succeeded();
-            }
+            let health;
+            (health, confirmed) = self.process(batch, shutdown).await;
+            self.health.batch_settled(health);
         }
         self.record_confirmed(&mut confirmed, shutdown).await;
+    }
+
+    /// Whether the sink is ready, bounded, so that a connection attempt
+    /// into a black hole is an outage, not a hang. When the answer is not
+    /// at hand (a connection or a probe request is under way), the rows
+    /// confirmed in the last batch are recorded first: their lease runs
+    /// while the check waits.
+    async fn sink_ready(&self, confirmed: &mut Confirmed, shutdown: &CancellationToken) -> Result<(), SinkError> {
+        let check = self.sink.ready();
+        tokio::pin!(check);
+        if let std::task::Poll::Ready(answer) = futures::poll!(&mut check) {
+            return answer;
+        }
+        self.record_confirmed(confirmed, shutdown).await;
+        tokio::time::timeout(self.config.publish_timeout, check)
+            .await
+            .unwrap_or_else(|_| Err(SinkError("no answer within OUTBOX_PUBLISH_TIMEOUT".to_owned())))
     }
 
     /// Records confirmed rows left for a claim that is not coming now.
@@ -264,7 +286,7 @@ impl Relay {
 
     /// Publishes one claimed batch and records its outcomes, except the
     /// confirmed rows that an unordered claim records next (returned).
-    async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> (BatchResult, Confirmed) {
+    async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> (BatchHealth, Confirmed) {
         let claimed_at = Instant::now();
         // The trace each row continues (its valid W3C traceparent), so that
         // every line about a row or the batch names it.
@@ -276,7 +298,6 @@ impl Relay {
         let trace_of = |id: &Uuid| traces.get(id).map(String::as_str);
         let traces_of = |ids: &mut dyn Iterator<Item = &Uuid>| batch_trace_ids(ids.filter_map(trace_of));
         let (batch, mut exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
-        let mut result = BatchResult::Answered;
         let outcomes = if batch.is_empty() {
             Vec::new()
         } else {
@@ -285,7 +306,6 @@ impl Relay {
             match tokio::time::timeout_at(deadline + SINK_GRACE, publish).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => {
-                    result = BatchResult::TimedOut;
                     let reason = format!(
                         "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                         self.config.publish_timeout
@@ -359,6 +379,12 @@ impl Relay {
             deadline,
         };
         self.record(&decisions, deadline, shutdown).await;
+        // A batch the broker deferred without publishing any of it is an
+        // answer every row would have got: the broker's state, not theirs.
+        let health = match &decisions.deferred_because {
+            Some(reason) if published == 0 => BatchHealth::Deferred(reason.clone()),
+            _ => BatchHealth::Answered,
+        };
         debug!(
             report = "batch_recorded",
             published,
@@ -368,7 +394,7 @@ impl Relay {
             trace_id = traces_of(&mut batch.iter().map(|event| &event.id)),
             "batch recorded"
         );
-        (result, confirmed)
+        (health, confirmed)
     }
 
     async fn record_step(&self, step: Step, decisions: &Decisions) -> Result<u64, StoreError> {

@@ -292,12 +292,23 @@ impl Store {
 
     /// Checks that the database answers.
     pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.connection().await?;
         bounded(async {
-            let client = self.pool.get().await?;
             client.simple_query("SELECT 1").await?;
             Ok(())
         })
         .await
+    }
+
+    /// A pooled connection. Waiting for one is bounded by the pool's own
+    /// timeouts (a free slot, a new connection, a recycle check), and apart
+    /// from the bound of the statements run on it: a statement's client
+    /// bound must not shrink by the time spent waiting for a connection,
+    /// or the client could give up on a claim that the server still
+    /// commits within its `statement_timeout`, leaving rows leased with an
+    /// attempt counted and nobody publishing them.
+    async fn connection(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        Ok(self.pool.get().await?)
     }
 
     /// Claims due rows and leases them for `lease`: at most `budget.rows`
@@ -316,12 +327,36 @@ impl Store {
         lease: Duration,
         ordering: Ordering,
     ) -> Result<Claimed, StoreError> {
-        let sql = &match ordering {
-            Ordering::None => &self.sql.claim,
-            Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
-            Ordering::Aggregate => &self.sql.claim_ordered,
-        }[usize::from(self.has_headers().await?)];
-        self.run_claim(sql, budget, lease, &[]).await
+        self.with_current_columns(|| async {
+            let sql = &match ordering {
+                Ordering::None => &self.sql.claim,
+                Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
+                Ordering::Aggregate => &self.sql.claim_ordered,
+            }[usize::from(self.has_headers().await?)];
+            self.run_claim(sql, budget, lease, &[]).await
+        })
+        .await
+    }
+
+    /// Runs a claim, and once more if it failed because an optional column
+    /// it names is gone (a producer dropped `headers` or `sequence_number`
+    /// while relays run, say by rolling back a migration): the columns are
+    /// looked up again first. Any claim statement is all or nothing, so a
+    /// failed one recorded and leased nothing.
+    async fn with_current_columns<F, Fut>(&self, claim: F) -> Result<Claimed, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Claimed, StoreError>>,
+    {
+        match claim().await {
+            Err(e) if names_a_missing_column(&e) => {
+                tracing::warn!(error = %e, "a column the claim reads is gone; looking up the table's optional columns again");
+                self.has_headers_column.forget();
+                self.has_sequence_column.forget();
+                claim().await
+            }
+            other => other,
+        }
     }
 
     /// Records the rows the broker confirmed in a worker's previous batch
@@ -338,16 +373,19 @@ impl Store {
         budget: ClaimBudget,
         lease: Duration,
     ) -> Result<Claimed, StoreError> {
-        let sql = &match on_publish {
-            OnPublish::Mark => &self.sql.claim_after_mark,
-            OnPublish::Delete => &self.sql.claim_after_delete,
-        }[usize::from(self.has_headers().await?)];
-        self.run_claim(
-            sql,
-            budget,
-            lease,
-            &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
-        )
+        self.with_current_columns(|| async {
+            let sql = &match on_publish {
+                OnPublish::Mark => &self.sql.claim_after_mark,
+                OnPublish::Delete => &self.sql.claim_after_delete,
+            }[usize::from(self.has_headers().await?)];
+            self.run_claim(
+                sql,
+                budget,
+                lease,
+                &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+            )
+            .await
+        })
         .await
     }
 
@@ -360,8 +398,8 @@ impl Store {
         lease: Duration,
         more: &[Param<'_>],
     ) -> Result<Claimed, StoreError> {
+        let mut client = self.connection().await?;
         bounded(async {
-            let mut client = self.pool.get().await?;
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
             let bytes = i64::try_from(budget.bytes).unwrap_or(i64::MAX);
             let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
@@ -423,8 +461,8 @@ impl Store {
 
     /// Runs one of the `has_*_column.sql` lookups.
     async fn has_column(&self, sql: &str) -> Result<bool, StoreError> {
+        let client = self.connection().await?;
         bounded(async {
-            let client = self.pool.get().await?;
             let row = Session::client(self.pooler, &client)
                 .query_one(sql, &[(&self.table.quoted(), Type::TEXT)])
                 .await?;
@@ -508,8 +546,8 @@ impl Store {
     }
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
+        let client = self.connection().await?;
         bounded(async {
-            let client = self.pool.get().await?;
             Ok(Session::client(self.pooler, &client).execute(sql, params).await?)
         })
         .await
@@ -543,6 +581,13 @@ fn last_errors(reasons: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// Whether a statement failed because a column it names does not exist.
+fn names_a_missing_column(error: &StoreError) -> bool {
+    matches!(error, StoreError::Query(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN))
+}
+
+/// Bounds the statements run on a connection already taken from the pool,
+/// a little above the server's own `statement_timeout`.
 async fn bounded<T>(work: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
     tokio::time::timeout(QUERY_TIMEOUT, work)
         .await

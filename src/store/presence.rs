@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 /// replica, and bounds that window to this long.
 pub(super) const ABSENT_RECHECK: Duration = Duration::from_secs(30);
 
-/// A column's presence: found once, it is present for good (the relay's
-/// statements then name it); absent, it is looked up again after
-/// [`ABSENT_RECHECK`].
+/// A column's presence: found once, it is present until a statement naming
+/// it fails for its absence ([`ColumnPresence::forget`]); absent, it is
+/// looked up again after [`ABSENT_RECHECK`].
 #[derive(Debug, Default)]
 pub(super) struct ColumnPresence {
     known: Mutex<Option<Known>>,
@@ -41,6 +41,12 @@ impl ColumnPresence {
             looked_up: Instant::now(),
         });
         Ok(present)
+    }
+
+    /// Forgets what was found: the next use looks the column up again
+    /// (a statement naming it failed because it is gone).
+    pub(super) fn forget(&self) {
+        *self.lock() = None;
     }
 
     fn remembered(&self, now: Instant) -> Option<bool> {

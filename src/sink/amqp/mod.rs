@@ -347,7 +347,10 @@ impl AmqpSink {
                 (Some(Ok(Confirmation::Ack(_) | Confirmation::Nack(_))), Some(unroutable)) => {
                     Outcome::Retry(unroutable.clone())
                 }
-                (Some(Ok(Confirmation::Nack(_))), None) => Outcome::Retry("nacked by RabbitMQ".to_owned()),
+                // RabbitMQ nacks what a queue cannot take now (full with
+                // `x-overflow=reject-publish`) or what it failed to store:
+                // the broker's state, which any message to that queue gets.
+                (Some(Ok(Confirmation::Nack(_))), None) => Outcome::Deferred(nacked_reason()),
                 (Some(Ok(Confirmation::NotRequested)), _) => {
                     Outcome::Deferred("channel is not in confirm mode".to_owned())
                 }
@@ -401,6 +404,10 @@ impl Settled {
 
 fn not_confirmed_in_time() -> String {
     "not confirmed within OUTBOX_PUBLISH_TIMEOUT".to_owned()
+}
+
+fn nacked_reason() -> String {
+    "nacked by RabbitMQ (a queue full with x-overflow=reject-publish, or a broker fault): backpressure, not the message's fault".to_owned()
 }
 
 fn blocked_reason() -> String {

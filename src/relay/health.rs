@@ -1,0 +1,285 @@
+//! What the relay's own work says about its dependencies, for `/readyz`
+//! and for the workers' pacing: whether the last claim failed (a database
+//! that answers `SELECT 1` but fails every claim is not ready), and whether
+//! the broker is deferring whole batches.
+//!
+//! A batch the broker deferred without publishing any of it (a nack, an
+//! authorisation error, a missing queue, a timeout: any answer that is not
+//! the row's fault) starts a *deferral outage*. While it lasts the
+//! replica's workers publish nothing but one small probe batch at a time,
+//! spaced by a capped exponential delay: an answer every row would get is
+//! asked for a few times a second at most, not once per claim per worker,
+//! and the rows are not charged. The first probe that publishes something,
+//! or gets an answer that is a row's own, ends it.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::retry::Backoff;
+
+/// Spacing of the probes while the broker defers batches: from 250 ms,
+/// doubling, capped at 5 s, jittered. Five seconds bounds both the request
+/// rate of a long outage and how late the relay notices its end.
+const PROBE_SPACING: Backoff = Backoff {
+    base: Duration::from_millis(250),
+    max: Duration::from_secs(5),
+};
+
+/// Rows a probe batch claims at most: enough to learn whether the broker
+/// takes messages again, few enough that a refusal costs one request and a
+/// handful of row updates.
+pub const PROBE_ROWS: u32 = 10;
+
+/// How often a worker waiting for another worker's probe looks again.
+const PROBE_POLL: Duration = Duration::from_millis(100);
+
+/// The relay's view of its dependencies, shared by the workers and
+/// `/readyz`.
+#[derive(Debug, Default)]
+pub struct RelayHealth {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The last claim's error, and since when claims fail.
+    claim_failing: Option<(Instant, String)>,
+    deferring: Option<Deferring>,
+}
+
+#[derive(Debug)]
+struct Deferring {
+    since: Instant,
+    reason: String,
+    /// Deferred batches in a row.
+    batches: u32,
+    /// When the next probe may start.
+    next_probe: Instant,
+    /// A worker is publishing a probe batch now.
+    probing: bool,
+}
+
+/// What a worker may do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Claim a full batch.
+    Publish,
+    /// Claim at most [`PROBE_ROWS`]: the broker has been deferring batches.
+    Probe,
+    /// Publish nothing for this long.
+    Wait(Duration),
+}
+
+/// How a published batch went, as far as the broker's health goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchHealth {
+    /// Something was published, or refused for a row's own sake.
+    Answered,
+    /// Nothing was published, and rows were deferred for this reason.
+    Deferred(String),
+}
+
+impl RelayHealth {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Plain data, consistent whatever a holder was doing when it panicked.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A claim failed for the database's sake.
+    pub fn claim_failed(&self, error: &dyn std::fmt::Display) {
+        let mut state = self.state();
+        let since = state.claim_failing.as_ref().map_or_else(Instant::now, |(since, _)| *since);
+        state.claim_failing = Some((since, error.to_string()));
+    }
+
+    /// A claim went through.
+    pub fn claim_succeeded(&self) {
+        self.state().claim_failing = None;
+    }
+
+    /// Whether a worker may publish now, and how much. At most one worker
+    /// of the replica probes at a time.
+    pub fn turn(&self) -> Turn {
+        self.turn_at(Instant::now())
+    }
+
+    fn turn_at(&self, now: Instant) -> Turn {
+        let mut state = self.state();
+        match state.deferring.as_mut() {
+            None => Turn::Publish,
+            Some(deferring) if deferring.probing => Turn::Wait(PROBE_POLL),
+            Some(deferring) if now < deferring.next_probe => Turn::Wait(deferring.next_probe - now),
+            Some(deferring) => {
+                deferring.probing = true;
+                Turn::Probe
+            }
+        }
+    }
+
+    /// Records how a batch went (a probe or not).
+    pub fn batch_settled(&self, batch: BatchHealth) {
+        self.batch_settled_at(batch, Instant::now());
+    }
+
+    fn batch_settled_at(&self, batch: BatchHealth, now: Instant) {
+        let mut state = self.state();
+        match (batch, state.deferring.as_mut()) {
+            (BatchHealth::Answered, None) => {}
+            (BatchHealth::Answered, Some(deferring)) => {
+                info!(
+                    outage_secs = now.duration_since(deferring.since).as_secs_f64(),
+                    deferred_batches = deferring.batches,
+                    "the broker takes messages again; publishing at full speed"
+                );
+                state.deferring = None;
+            }
+            (BatchHealth::Deferred(reason), None) => {
+                warn!(report = "publishing_deferred", %reason, "the broker deferred a whole batch; publishing one small probe batch at a time, with backoff, until it takes messages again (rows are not charged)");
+                state.deferring = Some(Deferring {
+                    since: now,
+                    reason,
+                    batches: 1,
+                    next_probe: now + PROBE_SPACING.delay(1),
+                    probing: false,
+                });
+            }
+            (BatchHealth::Deferred(reason), Some(deferring)) => {
+                deferring.batches = deferring.batches.saturating_add(1);
+                deferring.next_probe = now + PROBE_SPACING.delay(deferring.batches);
+                deferring.reason = reason;
+                deferring.probing = false;
+            }
+        }
+    }
+
+    /// A worker given [`Turn::Probe`] did not get as far as publishing (the
+    /// sink's check or the claim failed): the next worker may probe.
+    pub fn probe_abandoned(&self) {
+        if let Some(deferring) = self.state().deferring.as_mut() {
+            deferring.probing = false;
+        }
+    }
+
+    /// A probe found nothing to publish (another replica took the rows):
+    /// with nothing to tell, the outage is over as far as this replica
+    /// knows; the next batch says otherwise if it is not.
+    pub fn probe_found_nothing(&self) {
+        self.state().deferring = None;
+    }
+
+    /// The reasons the relay is not ready, in words; empty when it is.
+    pub fn problems(&self) -> Vec<String> {
+        let state = self.state();
+        let mut problems = Vec::new();
+        if let Some((since, error)) = &state.claim_failing {
+            problems.push(format!(
+                "database: claims have failed for {:.0?}: {error}",
+                rounded(since.elapsed())
+            ));
+        }
+        if let Some(deferring) = &state.deferring {
+            problems.push(format!(
+                "broker: {} batch(es) in a row deferred over {:.0?}, the last because {}; probing with backoff",
+                deferring.batches,
+                rounded(deferring.since.elapsed()),
+                deferring.reason
+            ));
+        }
+        problems
+    }
+}
+
+fn rounded(elapsed: Duration) -> Duration {
+    Duration::from_secs(elapsed.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deferred() -> BatchHealth {
+        BatchHealth::Deferred("nacked".to_owned())
+    }
+
+    #[test]
+    fn publishing_is_free_until_a_batch_is_deferred_whole() {
+        let health = RelayHealth::default();
+        assert_eq!(health.turn(), Turn::Publish);
+        health.batch_settled(BatchHealth::Answered);
+        assert_eq!(health.turn(), Turn::Publish);
+        assert!(health.problems().is_empty());
+    }
+
+    #[test]
+    fn a_deferred_batch_spaces_probes_one_worker_at_a_time() {
+        let health = RelayHealth::default();
+        let start = Instant::now();
+        health.batch_settled_at(deferred(), start);
+        assert!(matches!(health.turn_at(start), Turn::Wait(wait) if wait <= Duration::from_millis(250)));
+        assert!(health.problems()[0].contains("nacked"), "{:?}", health.problems());
+        let later = start + Duration::from_millis(250);
+        assert_eq!(health.turn_at(later), Turn::Probe);
+        // Every other worker waits for the probe.
+        assert_eq!(health.turn_at(later), Turn::Wait(PROBE_POLL));
+        health.batch_settled_at(deferred(), later);
+        match health.turn_at(later) {
+            Turn::Wait(wait) => assert!(wait >= Duration::from_millis(250) && wait <= Duration::from_millis(500)),
+            other => panic!("expected a wait, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn probes_are_never_further_apart_than_the_cap_nor_closer_after_many_refusals() {
+        let health = RelayHealth::default();
+        let mut now = Instant::now();
+        for _ in 0..50 {
+            health.batch_settled_at(deferred(), now);
+            match health.turn_at(now) {
+                Turn::Wait(wait) => {
+                    assert!(wait <= PROBE_SPACING.max);
+                    now += wait;
+                }
+                other => panic!("expected a wait, got {other:?}"),
+            }
+            assert_eq!(health.turn_at(now), Turn::Probe);
+        }
+        // After a long outage, a probe every 2.5 to 5 seconds.
+        health.batch_settled_at(deferred(), now);
+        assert!(matches!(health.turn_at(now), Turn::Wait(wait) if wait >= PROBE_SPACING.max / 2));
+    }
+
+    #[test]
+    fn an_answered_probe_ends_the_outage() {
+        let health = RelayHealth::default();
+        let now = Instant::now();
+        health.batch_settled_at(deferred(), now);
+        let later = now + Duration::from_secs(1);
+        assert_eq!(health.turn_at(later), Turn::Probe);
+        health.batch_settled_at(BatchHealth::Answered, later);
+        assert_eq!(health.turn_at(later), Turn::Publish);
+        assert!(health.problems().is_empty());
+    }
+
+    #[test]
+    fn a_probe_that_found_nothing_ends_the_outage() {
+        let health = RelayHealth::default();
+        let now = Instant::now();
+        health.batch_settled_at(deferred(), now);
+        let later = now + Duration::from_secs(1);
+        assert_eq!(health.turn_at(later), Turn::Probe);
+        health.probe_found_nothing();
+        assert_eq!(health.turn_at(later), Turn::Publish);
+        assert!(health.problems().is_empty());
+    }
+
+    #[test]
+    fn failing_claims_are_a_readiness_problem_until_one_succeeds() {
+        let health = RelayHealth::default();
+        health.claim_failed(&"column \"headers\" does not exist");
+        assert!(health.problems()[0].contains("does not exist"));
+        health.claim_succeeded();
+        assert!(health.problems().is_empty());
+    }
+}
