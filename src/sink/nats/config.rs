@@ -229,13 +229,15 @@ fn parse_subject(raw: &str) -> Result<RoutingKeyTemplate, String> {
 }
 
 /// Whether `subject` can be published to: non-empty tokens, no wildcard
-/// token, no white space or control characters.
+/// token, no white space or control characters. async-nats checks less
+/// (empty, white space), and so does the server outside pedantic mode; but
+/// a wildcard or empty token would never reach a stream as meant.
 pub(super) fn check_subject(subject: &str) -> Result<(), String> {
     if subject.is_empty() {
         return Err("is an empty subject".to_owned());
     }
     if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("contains white space, which a NATS subject cannot".to_owned());
+        return Err("contains white space or a control character, which a NATS subject cannot".to_owned());
     }
     for token in subject.split('.') {
         if token.is_empty() {
