@@ -67,6 +67,39 @@ fn each_invalid_setting_exits_2_naming_it() {
 }
 
 #[test]
+fn a_nats_subject_an_event_could_steer_into_a_system_namespace_exits_2() {
+    for subject in [
+        "{event_type}",
+        "{aggregate_id}.events",
+        "$JS.API.{event_type}",
+        "_INBOX.{event_type}",
+    ] {
+        for args in [&["run"][..], &["check"][..]] {
+            let out = relay(&[("OUTBOX_SINK", "nats"), ("OUTBOX_NATS_SUBJECT", subject)], args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{subject} {args:?}: {stderr}");
+            assert!(stderr.contains("OUTBOX_NATS_SUBJECT"), "{subject}: {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn an_amqp_routing_key_may_start_with_a_placeholder() {
+    // `{event_type}` is the documented default: the exchange, fixed by the
+    // operator, bounds what a routing key can reach (see RoutingKeyTemplate).
+    for key in ["{event_type}", "{aggregate_id}.{event_type}"] {
+        let out = relay(&[("OUTBOX_AMQP_ROUTING_KEY", key)], &["check"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "valid, then the unreachable database fails it: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn sqs_without_a_queue_url_exits_2() {
     let out = relay(&[("OUTBOX_SINK", "sqs")], &["run"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,9 +1,10 @@
 //! The NATS JetStream sink against the real NATS server (`nats-server -js`):
 //! every message field, a batch acknowledged together, a `duplicate: true`
 //! acknowledgement counted as published, a missing stream waited out
-//! without burning attempts, oversized rows quarantined at once, the
-//! connection cut mid-run, and a relay killed between the acknowledgement
-//! and the mark, whose republication the stream stores once.
+//! without burning attempts, oversized rows and subjects too long for the
+//! server's control line quarantined at once, the connection cut mid-run,
+//! and a relay killed between the acknowledgement and the mark, whose
+//! republication the stream stores once.
 //!
 //! Each test has its own database and its own stream (on subjects of its
 //! own), so they run in parallel.
@@ -364,6 +365,59 @@ async fn rows_nats_cannot_take_are_quarantined_at_once_and_their_batch_mates_pub
     let stored: HashSet<String> = stream.messages().await.iter().map(Stored::msg_id).collect();
     let want: HashSet<String> = good.iter().map(|row| row.id.to_string()).collect();
     assert_eq!(stored, want, "the good rows, and only they, are in the stream");
+    drop(relay);
+    stream.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subject_over_the_control_line_limit_is_quarantined_and_the_others_published() {
+    let db = TestDb::migrated().await;
+    let stream = TestStream::create().await;
+    let mut good = Vec::new();
+    for n in 0..200 {
+        good.push(insert(&db, None, "order.created", &format!("order-{n}"), r#"{"n": 1}"#).await);
+    }
+    // Its subject alone is longer than the server's max_control_line
+    // (4096 bytes): the server would close the connection on its publish,
+    // failing its batch-mates with it, on every claim.
+    let long = insert(&db, None, "order.created", &"a".repeat(5000), r#"{"n": 2}"#).await;
+    for n in 200..399 {
+        good.push(insert(&db, None, "order.created", &format!("order-{n}"), r#"{"n": 3}"#).await);
+    }
+    // A long subject that fits the line is sent, and the server takes it.
+    good.push(insert(&db, None, "order.created", &"b".repeat(3800), r#"{"n": 4}"#).await);
+    let subject = format!("{}.{{aggregate_id}}", stream.prefix);
+    let relay = RelayProcess::start(
+        &db,
+        &with(fast(&stream, &stream.url), &[("OUTBOX_NATS_SUBJECT", &subject)]),
+    );
+    all_published(&db, &good).await;
+    eventually(WAIT, "the long row quarantined", || async {
+        db.count(&format!("id = '{}' AND quarantined_at IS NOT NULL", long.id))
+            .await
+            == 1
+    })
+    .await;
+    let state = db
+        .client
+        .query_one(
+            "SELECT attempt_count, last_error, published_at IS NULL FROM outbox_event WHERE id = $1",
+            &[&long.id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(state.get::<_, i32>(0), 1, "quarantined on the first attempt");
+    let last_error: String = state.get(1);
+    assert!(
+        last_error.contains("max_control_line of 4096"),
+        "last_error names the limit: {last_error}"
+    );
+    assert!(state.get::<_, bool>(2), "never marked published");
+    let stored = stream.messages().await;
+    let ids: HashSet<String> = stored.iter().map(Stored::msg_id).collect();
+    let want: HashSet<String> = good.iter().map(|row| row.id.to_string()).collect();
+    assert_eq!(ids, want, "the 400 others, and only they, are in the stream");
+    assert_eq!(stored.len(), good.len(), "each once");
     drop(relay);
     stream.cleanup().await;
 }

@@ -96,6 +96,13 @@ impl AmqpConfig {
         if exchange.len() > 255 {
             return Err(ConfigError::new(var::AMQP_EXCHANGE, "is longer than 255 bytes"));
         }
+        // Unlike a NATS subject (see the NATS sink's config), a routing key
+        // may start with a placeholder, as the default `{event_type}` does:
+        // the operator fixes the exchange, and a key only picks among that
+        // exchange's bindings; no routing key reaches a broker API or
+        // another client's replies the way `$JS.…` or `_INBOX.…` subjects
+        // do. (On the default exchange, "", a key names any queue of the
+        // vhost; an operator who picks it has chosen that.)
         let routing_key =
             RoutingKeyTemplate::parse(routing_key).map_err(|e| ConfigError::new(var::AMQP_ROUTING_KEY, e))?;
         // RabbitMQ itself accepts at most 512 MiB, whatever it is set to.
@@ -193,8 +200,10 @@ enum KeyPart {
     AggregateId,
 }
 
-/// A parsed `OUTBOX_AMQP_ROUTING_KEY`: literals with `{event_type}` and
-/// `{aggregate_id}` placeholders.
+/// A parsed `OUTBOX_AMQP_ROUTING_KEY` (or `OUTBOX_NATS_SUBJECT`, which the
+/// NATS sink parses with it and then holds to NATS's own rules): literals
+/// with `{event_type}` and `{aggregate_id}` placeholders. Where it may
+/// start with a placeholder is each sink's rule, not the template's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutingKeyTemplate {
     parts: Vec<KeyPart>,

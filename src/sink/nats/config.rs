@@ -221,21 +221,57 @@ fn redact(raw: &str) -> String {
 /// A subject template. Tokens are separated by `.`; literal parts must not
 /// hold wildcards (`*`, `>`) or white space, which no published subject may
 /// contain. What the placeholders bring is checked per event.
+///
+/// The first token must be literal, and not one of the server's own
+/// namespaces: otherwise an `event_type` written by a producer could
+/// address the JetStream API (`$JS.API.STREAM.DELETE.…`), the system
+/// account (`$SYS`), a KV bucket or object store (`$KV`, `$O`) or another
+/// client's request inbox (`_INBOX.…`), with the relay's permissions.
 fn parse_subject(raw: &str) -> Result<RoutingKeyTemplate, String> {
     let template = RoutingKeyTemplate::parse(raw.trim())?;
     let literal = template.render("x", "x");
     check_subject(&literal).map_err(|e| format!("'{raw}' {e}"))?;
+    let marked = template.render("\u{1}", "\u{1}");
+    let first = marked.split('.').next().unwrap_or_default();
+    if first.contains('\u{1}') {
+        return Err(format!(
+            "'{raw}' must start with a literal token (e.g. outbox.{{event_type}}), \
+             so that no event can choose the subject's namespace"
+        ));
+    }
+    if let Some(reserved) = reserved_namespace(first) {
+        return Err(format!(
+            "'{raw}' starts with '{first}', {reserved}; the relay publishes only to application subjects"
+        ));
+    }
     Ok(template)
 }
 
+/// What the first token `first` of a subject addresses, when it is one of
+/// the server's namespaces rather than the application's.
+fn reserved_namespace(first: &str) -> Option<&'static str> {
+    if first.starts_with('$') {
+        // $JS, $JSC, $KV, $O, $SYS, $G, $NRG, $MQTT and those to come.
+        Some("a NATS system namespace ('$…')")
+    } else if first.starts_with("_INBOX") {
+        Some("the namespace of request inboxes ('_INBOX')")
+    } else if matches!(first, "_R_" | "_GR_") {
+        Some("a namespace of the server's routed replies")
+    } else {
+        None
+    }
+}
+
 /// Whether `subject` can be published to: non-empty tokens, no wildcard
-/// token, no white space or control characters.
+/// token, no white space or control characters. async-nats checks less
+/// (empty, white space), and so does the server outside pedantic mode; but
+/// a wildcard or empty token would never reach a stream as meant.
 pub(super) fn check_subject(subject: &str) -> Result<(), String> {
     if subject.is_empty() {
         return Err("is an empty subject".to_owned());
     }
     if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("contains white space, which a NATS subject cannot".to_owned());
+        return Err("contains white space or a control character, which a NATS subject cannot".to_owned());
     }
     for token in subject.split('.') {
         if token.is_empty() {
@@ -333,6 +369,7 @@ mod tests {
             "a..{event_type}",
             "a b",
             "{nope}",
+            ".{event_type}",
         ] {
             let error = NatsConfig::parse("nats://n1", bad, None, None).unwrap_err();
             assert_eq!(error.variable, "OUTBOX_NATS_SUBJECT", "{bad}");
@@ -343,6 +380,35 @@ mod tests {
         assert!(check_subject("events. x").is_err());
         assert!(check_subject("events.*").is_err());
         assert!(check_subject("events.order.paid").is_ok());
+    }
+
+    #[test]
+    fn a_subject_starts_with_a_literal_application_token() {
+        for (bad, says) in [
+            ("{event_type}", "must start with a literal token"),
+            ("{aggregate_id}.x", "must start with a literal token"),
+            ("t-{event_type}.x", "must start with a literal token"),
+            ("$JS.{event_type}", "system namespace"),
+            ("$SYS.x.{event_type}", "system namespace"),
+            ("$KV.bucket.{aggregate_id}", "system namespace"),
+            ("$O.x", "system namespace"),
+            ("_INBOX.{event_type}", "request inboxes"),
+            ("_INBOX_custom.{event_type}", "request inboxes"),
+            ("_R_.{event_type}", "routed replies"),
+        ] {
+            let error = NatsConfig::parse("nats://n1", bad, None, None).unwrap_err();
+            assert_eq!(error.variable, "OUTBOX_NATS_SUBJECT", "{bad}");
+            assert!(error.problem.contains(says), "{bad}: {error}");
+        }
+        for good in [
+            "outbox.{event_type}",
+            "orders.{aggregate_id}.{event_type}",
+            "fixed",
+            "app.$JS.{event_type}",
+            "inbox.{event_type}",
+        ] {
+            assert!(NatsConfig::parse("nats://n1", good, None, None).is_ok(), "{good}");
+        }
     }
 
     #[test]

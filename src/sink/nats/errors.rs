@@ -8,6 +8,7 @@ use std::error::Error as _;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{Error as ApiError, ErrorCode};
+use async_nats::subject::SubjectError;
 
 use crate::sink::Outcome;
 
@@ -46,11 +47,24 @@ pub(super) fn classify(error: &PublishError) -> Verdict {
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
             Verdict::Row(Outcome::Retry(format!("JetStream refused the message: {error}")))
         }
-        PublishErrorKind::Other => match error.source().and_then(|s| s.downcast_ref::<ApiError>()) {
-            Some(api) => classify_api_error(api.code(), api.error_code(), &api.to_string()),
-            // A reply that is not JetStream's, or the request never left.
-            None => Verdict::Server(format!("JetStream publish failed: {}", describe(error))),
-        },
+        PublishErrorKind::Other => {
+            let source = error.source();
+            if let Some(api) = source.and_then(|s| s.downcast_ref::<ApiError>()) {
+                classify_api_error(api.code(), api.error_code(), &api.to_string())
+            } else if source.is_some_and(|s| s.is::<SubjectError>()) {
+                // The client refused the subject before sending (empty,
+                // white space): true of this row whatever the server. The
+                // relay checks more than this before sending, so this is
+                // a second line of defence.
+                Verdict::Row(Outcome::Reject(format!(
+                    "the NATS client refused the subject: {}",
+                    describe(error)
+                )))
+            } else {
+                // A reply that is not JetStream's, or the request never left.
+                Verdict::Server(format!("JetStream publish failed: {}", describe(error)))
+            }
+        }
     }
 }
 
@@ -187,5 +201,12 @@ mod tests {
             classify(&PublishError::new(PublishErrorKind::StreamNotFound)),
             Verdict::NoResponders
         );
+    }
+
+    #[test]
+    fn a_subject_the_client_refuses_is_the_rows_and_permanent() {
+        // What `send_publish` returns for an empty or white-space subject.
+        let error = PublishError::with_source(PublishErrorKind::Other, SubjectError::InvalidFormat);
+        assert_eq!(kind(classify(&error)), "reject");
     }
 }

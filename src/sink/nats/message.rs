@@ -1,6 +1,9 @@
 //! One event as a NATS message: its subject, its headers and its size as
 //! the server counts it, and the checks that refuse a row before it is
-//! sent when it could never be stored.
+//! sent when it could never be stored, above all those whose publish would
+//! make the server close the connection (failing every batch-mate with it,
+//! on every claim): a message over `max_payload`, a control line over
+//! `max_control_line`, a subject or header that breaks the protocol.
 //!
 //! Every header is set in [`headers`], so that headers carried from the
 //! row itself are added in one place.
@@ -72,6 +75,39 @@ pub(super) fn wire_size(headers: &HeaderMap, payload: &str) -> usize {
     size + payload.len()
 }
 
+/// The NATS server's default `max_control_line`: the longest protocol line
+/// (`HPUB <subject> <reply> <header bytes> <total bytes>`) it reads before
+/// closing the connection with "Maximum Control Line Exceeded". Unlike
+/// `max_payload`, the server does not announce it in its INFO (async-nats's
+/// `ServerInfo` has no such field), so the default is assumed. A server
+/// set lower than the default would still close the connection on a long
+/// subject; a server set higher only sees such rows refused sooner.
+pub(super) const MAX_CONTROL_LINE: usize = 4096;
+
+/// Room kept in the control line for the reply subject async-nats gives
+/// each publish, `_INBOX.<22-character nuid>.<22-character nuid>` (52
+/// bytes with the default inbox prefix, which the relay keeps): more than
+/// twice that, so that a longer prefix or token in a later client still
+/// fits.
+const REPLY_ALLOWANCE: usize = 128;
+
+/// The length of the `HPUB` line publishing a message with `subject`,
+/// `header_bytes` of header block and `total_bytes` in all, its reply
+/// subject counted at [`REPLY_ALLOWANCE`]. The server counts the line
+/// without its verb and line end; counting them is a little headroom.
+pub(super) fn control_line_len(subject: &str, header_bytes: usize, total_bytes: usize) -> usize {
+    let digits = |n: usize| n.to_string().len();
+    "HPUB ".len()
+        + subject.len()
+        + " ".len()
+        + REPLY_ALLOWANCE
+        + " ".len()
+        + digits(header_bytes)
+        + " ".len()
+        + digits(total_bytes)
+        + "\r\n".len()
+}
+
 /// An event ready to publish: its subject and headers.
 #[derive(Debug)]
 pub(super) struct Prepared {
@@ -80,10 +116,12 @@ pub(super) struct Prepared {
 }
 
 /// Builds the message of `event`, or says why it can never be published:
-/// larger than the server's `max_payload` (the server would close the
-/// connection, failing the batch-mates too), a subject the template makes
-/// unpublishable, or a header value with a line break (which would end
-/// the header block early).
+/// larger than the server's `max_payload`, or a subject so long that the
+/// publish's control line exceeds [`MAX_CONTROL_LINE`] (for either the
+/// server would close the connection, failing the batch-mates too), a
+/// subject the template makes unpublishable (white space or control
+/// characters, an empty token, a `*` or `>` token), or a header value with
+/// a line break (which would end the header block early).
 pub(super) fn prepare(
     event: &Event,
     subject: &RoutingKeyTemplate,
@@ -101,12 +139,24 @@ pub(super) fn prepare(
     }
     check_headers(event)?;
     let rendered = subject.render(&event.event_type, &event.aggregate_id);
-    check_subject(&rendered).map_err(|e| format!("subject '{rendered}' {e}"))?;
+    let shown = crate::headers::printable(&rendered);
+    check_subject(&rendered).map_err(|e| format!("subject '{shown}' {e}"))?;
     let headers = headers(event);
-    let size = wire_size(&headers, &event.payload);
+    let header_bytes = wire_size(&headers, "");
+    let size = header_bytes + event.payload.len();
     if size > max_payload {
         return Err(format!(
             "message of {size} bytes (payload and headers) exceeds the NATS server's max_payload of {max_payload} bytes"
+        ));
+    }
+    let line = control_line_len(&rendered, header_bytes, size);
+    if line > MAX_CONTROL_LINE {
+        return Err(format!(
+            "subject '{shown}' is {} bytes long: its publish would be a protocol line of {line} bytes \
+             (with the reply subject and sizes), over the NATS server's max_control_line of \
+             {MAX_CONTROL_LINE} bytes (its default; servers do not announce it), so the server \
+             would close the connection",
+            rendered.len()
         ));
     }
     Ok(Prepared {
@@ -216,5 +266,53 @@ mod tests {
         assert!(prepare(&event("t", "a\r\nX-Evil: 1", "{}"), &by_aggregate, 1024)
             .unwrap_err()
             .contains("line break"));
+        assert!(prepare(&event("t", "a\u{7}b", "{}"), &by_aggregate, 1024)
+            .unwrap_err()
+            .contains("control character"));
+        assert!(prepare(&event("t", "a.>", "{}"), &by_aggregate, 1024)
+            .unwrap_err()
+            .contains("wildcard token '>'"));
+        assert!(prepare(&event("t", ".a", "{}"), &by_aggregate, 1024)
+            .unwrap_err()
+            .contains("empty token"));
+    }
+
+    #[test]
+    fn the_control_line_counts_the_subject_the_reply_and_the_sizes() {
+        // "HPUB " + subject + " " + reply allowance + " 12 345\r\n"
+        assert_eq!(
+            control_line_len("a.b", 12, 345),
+            5 + 3 + 1 + REPLY_ALLOWANCE + 1 + 2 + 1 + 3 + 2
+        );
+        // The reply subject async-nats really sends fits the allowance.
+        let inbox = format!("_INBOX.{}.{}", "N".repeat(22), "T".repeat(22));
+        assert!(inbox.len() * 2 <= REPLY_ALLOWANCE);
+    }
+
+    #[test]
+    fn a_subject_too_long_for_the_control_line_is_refused_naming_the_limit() {
+        let by_aggregate = template("events.{aggregate_id}");
+        let max_payload = 1024 * 1024;
+        let long = event("order.paid", &"a".repeat(5000), "{}");
+        let reason = prepare(&long, &by_aggregate, max_payload).unwrap_err();
+        assert!(reason.contains("max_control_line of 4096 bytes"), "{reason}");
+        assert!(reason.contains("5007 bytes long"), "{reason}");
+        assert!(reason.len() < 600, "the reason stays short: {reason}");
+
+        // The longest subject that fits, and one byte more.
+        let fits = |aggregate_id: &str| {
+            let e = event("order.paid", aggregate_id, "{}");
+            let header_bytes = wire_size(&headers(&e), "");
+            let subject = by_aggregate.render(&e.event_type, &e.aggregate_id);
+            control_line_len(&subject, header_bytes, header_bytes + 2) <= MAX_CONTROL_LINE
+        };
+        let longest = (1..4096).rev().find(|&n| fits(&"a".repeat(n))).unwrap();
+        assert!(longest > 3800, "generous, not stingy: {longest}");
+        let at_limit = event("order.paid", &"a".repeat(longest), "{}");
+        assert!(prepare(&at_limit, &by_aggregate, max_payload).is_ok());
+        let over = event("order.paid", &"a".repeat(longest + 1), "{}");
+        assert!(prepare(&over, &by_aggregate, max_payload)
+            .unwrap_err()
+            .contains("max_control_line"));
     }
 }

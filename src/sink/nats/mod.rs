@@ -8,9 +8,10 @@
 //! without a second copy in the stream.
 //!
 //! A batch is checked row by row first ([`message::prepare`]): a message
-//! larger than the server's `max_payload` (from its INFO) would make the
-//! server close the connection and fail its batch-mates, so it is rejected
-//! without being sent. The rest are all sent before any acknowledgement is
+//! larger than the server's `max_payload` (from its INFO), or whose subject
+//! makes the publish's control line longer than the server's
+//! `max_control_line`, would make the server close the connection and fail
+//! its batch-mates, so it is rejected without being sent. The rest are all sent before any acknowledgement is
 //! awaited, then the answers are matched to their rows by position (each
 //! publish is a request with an inbox of its own), up to the deadline.
 //! [`errors`] says whose fault each refusal is.
