@@ -1,6 +1,7 @@
 //! A TCP proxy the test controls, so a test can cut the relay's own
-//! connections to a shared server without disturbing anyone else's, or
-//! make them slow (a round trip of a known length).
+//! connections to a shared server without disturbing anyone else's, make
+//! them slow (a round trip of a known length), or make them stall (a
+//! server that stops answering while its connections stay open).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     generation: watch::Sender<u64>,
     refusing: Arc<AtomicBool>,
+    stalled: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -34,9 +36,11 @@ impl Proxy {
         let addr = listener.local_addr().expect("proxy address");
         let (generation, _) = watch::channel(0u64);
         let refusing = Arc::new(AtomicBool::new(false));
+        let (stalled, _) = watch::channel(false);
         let task = {
             let generation = generation.clone();
             let refusing = refusing.clone();
+            let stalled = stalled.clone();
             tokio::spawn(async move {
                 while let Ok((inbound, _)) = listener.accept().await {
                     if refusing.load(Ordering::SeqCst) {
@@ -44,23 +48,17 @@ impl Proxy {
                         continue;
                     }
                     let mut cut = generation.subscribe();
+                    let stalled = stalled.subscribe();
                     tokio::spawn(async move {
                         let Ok(mut outbound) = TcpStream::connect(target).await else {
                             return;
                         };
                         let mut inbound = inbound;
-                        if latency.is_zero() {
-                            tokio::select! {
-                                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                                _ = cut.changed() => {}
-                            }
-                            return;
-                        }
                         let (from_client, to_client) = inbound.split();
                         let (from_server, to_server) = outbound.split();
                         tokio::select! {
-                            _ = delayed_copy(from_client, to_server, latency) => {}
-                            _ = delayed_copy(from_server, to_client, latency) => {}
+                            _ = pump(from_client, to_server, latency, stalled.clone()) => {}
+                            _ = pump(from_server, to_client, latency, stalled) => {}
                             _ = cut.changed() => {}
                         }
                     });
@@ -71,6 +69,7 @@ impl Proxy {
             addr,
             generation,
             refusing,
+            stalled,
             task,
         }
     }
@@ -84,30 +83,51 @@ impl Proxy {
     pub fn refuse(&self, on: bool) {
         self.refusing.store(on, Ordering::SeqCst);
     }
+
+    /// While `on`, passes nothing on in either direction: connections stay
+    /// open and every request goes unanswered, as with a server that hangs
+    /// or a network that drops packets. What was held goes on afterwards.
+    pub fn stall(&self, on: bool) {
+        self.stalled.send_replace(on);
+    }
 }
 
-/// Copies `from` to `to`, each read held for `latency` first.
-async fn delayed_copy(
+/// Copies `from` to `to`, each read held for `latency` first, and nothing
+/// read while the proxy is stalled.
+async fn pump(
     mut from: tokio::net::tcp::ReadHalf<'_>,
     mut to: tokio::net::tcp::WriteHalf<'_>,
     latency: Duration,
+    mut stalled: watch::Receiver<bool>,
 ) {
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
-        let Ok(read) = from.read(&mut buffer).await else {
+        if stalled.wait_for(|stalled| !*stalled).await.is_err() {
+            return;
+        }
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            _ = stalled.changed() => continue,
+        };
+        let Ok(read) = read else {
             return;
         };
         if read == 0 {
             return;
         }
-        tokio::time::sleep(latency).await;
-        // What came while sleeping goes out with this read, in order.
         let mut pending = buffer[..read].to_vec();
-        loop {
-            match from.try_read(&mut buffer) {
-                Ok(0) | Err(_) => break,
-                Ok(more) => pending.extend_from_slice(&buffer[..more]),
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+            // What came while sleeping goes out with this read, in order.
+            loop {
+                match from.try_read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(more) => pending.extend_from_slice(&buffer[..more]),
+                }
             }
+        }
+        if stalled.wait_for(|stalled| !*stalled).await.is_err() {
+            return;
         }
         if to.write_all(&pending).await.is_err() {
             return;

@@ -60,7 +60,9 @@ pub(super) fn entry_outcomes(
     outcomes
         .into_iter()
         .map(|outcome| {
-            outcome.unwrap_or_else(|| Outcome::Retry("SQS returned no result for this entry".to_owned()))
+            // SQS did not answer for it, as a confirm that never came: not
+            // the row's doing.
+            outcome.unwrap_or_else(|| Outcome::Deferred("SQS returned no result for this entry".to_owned()))
         })
         .collect()
 }
@@ -99,14 +101,19 @@ fn is_transient_code(code: &str) -> bool {
         )
 }
 
-/// A failed entry: the sender's fault means this message is wrong and will
-/// stay wrong (too large, invalid characters or attribute); otherwise SQS
-/// had a problem and a later attempt can succeed. Never `Published`.
+/// A failed entry. A code about the moment or the setup (throttling, KMS,
+/// permissions, the queue) is one every entry would get: not the row's
+/// fault, deferred. Otherwise the sender's fault means this message is
+/// wrong and will stay wrong (too large, invalid characters or attribute):
+/// rejected; and any other failure of this entry alone is its failed
+/// attempt. Never `Published`.
 fn classify_entry_error(code: &str, sender_fault: bool, reason: String) -> Outcome {
-    if is_transient_code(code) || !sender_fault {
-        Outcome::Retry(reason)
-    } else {
+    if is_transient_code(code) {
+        Outcome::Deferred(reason)
+    } else if sender_fault {
         Outcome::Reject(reason)
+    } else {
+        Outcome::Retry(reason)
     }
 }
 
@@ -161,21 +168,27 @@ mod tests {
         // Only the kind of outcome is under test; the reason is passed through.
         let classify =
             |code: &str, sender_fault: bool| classify_entry_error(code, sender_fault, String::new());
-        let (retry, reject) = (Outcome::Retry(String::new()), Outcome::Reject(String::new()));
+        let (retry, reject, deferred) = (
+            Outcome::Retry(String::new()),
+            Outcome::Reject(String::new()),
+            Outcome::Deferred(String::new()),
+        );
         assert_eq!(classify("InvalidParameterValue", true), reject);
         assert_eq!(classify("InvalidMessageContents", true), reject);
         assert_eq!(classify("MessageTooLong", true), reject);
-        assert_eq!(classify("InternalError", false), retry);
-        assert_eq!(classify("ServiceUnavailable", false), retry);
         assert_eq!(classify("SomethingNew", false), retry);
         assert_eq!(classify("SomethingNew", true), reject);
-        // Sender faults that are about the moment or the setup, not the message.
-        assert_eq!(classify("RequestThrottled", true), retry);
-        assert_eq!(classify("ThrottlingException", true), retry);
-        assert_eq!(classify("KMS.ThrottlingException", true), retry);
-        assert_eq!(classify("KmsAccessDenied", true), retry);
-        assert_eq!(classify("AccessDenied", true), retry);
-        assert_eq!(classify("AWS.SimpleQueueService.NonExistentQueue", true), retry);
+        // About the moment or the setup, whatever SenderFault says: every
+        // entry would get it.
+        assert_eq!(classify("InternalError", false), deferred);
+        assert_eq!(classify("ServiceUnavailable", false), deferred);
+        assert_eq!(classify("RequestThrottled", true), deferred);
+        assert_eq!(classify("ThrottlingException", true), deferred);
+        assert_eq!(classify("KMS.ThrottlingException", true), deferred);
+        assert_eq!(classify("KMS.DisabledException", true), deferred);
+        assert_eq!(classify("KmsAccessDenied", true), deferred);
+        assert_eq!(classify("AccessDenied", true), deferred);
+        assert_eq!(classify("AWS.SimpleQueueService.NonExistentQueue", true), deferred);
     }
 
     #[test]
@@ -225,10 +238,10 @@ mod tests {
         assert_eq!(outcomes[0], Outcome::Published);
         assert!(matches!(&outcomes[1], Outcome::Reject(r) if r.contains("InvalidParameterValue")));
         assert_eq!(outcomes[2], Outcome::Published);
-        assert!(matches!(&outcomes[3], Outcome::Retry(r) if r.contains("InternalError")));
-        assert!(matches!(&outcomes[4], Outcome::Retry(r) if r.contains("no result")));
+        assert!(matches!(&outcomes[3], Outcome::Deferred(r) if r.contains("InternalError")));
+        assert!(matches!(&outcomes[4], Outcome::Deferred(r) if r.contains("no result")));
         // Listed as both: not published.
-        let outcomes = entry_outcomes(1, &["0"], &[failure("0", false, "InternalError")]);
+        let outcomes = entry_outcomes(1, &["0"], &[failure("0", false, "SomethingNew")]);
         assert!(matches!(outcomes[0], Outcome::Retry(_)));
     }
 }

@@ -7,8 +7,11 @@
 //! refuse a whole request and take its batch-mates down with it. The rest
 //! is packed, in claim order, into requests of at most 10 entries and at
 //! most the request byte limit, and up to [`IN_FLIGHT`] requests run at
-//! once. Each entry's result decides its own row: success is `Published`,
-//! a sender fault on the entry is `Reject`, anything else is `Retry`.
+//! once. Each entry's result decides its own row ([`errors`] classifies
+//! every answer; docs/sqs.md has the table): success is `Published`; a code
+//! about the moment or the setup (throttling, KMS, permissions, the queue)
+//! is `Deferred`, as every entry would get it; another sender fault on the
+//! entry is `Reject`; anything else is `Retry`.
 //!
 //! On a FIFO queue, requests that share a message group (an aggregate) are
 //! sent one after the other in claim order, never side by side, so SQS
