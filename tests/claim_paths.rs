@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::TestDb;
 use outbox_relay::config::DatabaseSettings;
-use outbox_relay::store::{ClaimBudget, Ordering, Store};
+use outbox_relay::store::{render_column_reads, ClaimBudget, Ordering, Store};
 use uuid::Uuid;
 
 fn store(db: &TestDb) -> Store {
@@ -239,14 +239,16 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     seed(&db, 5, 5).await;
     let store = store(&db);
     let render = |candidates: &str| {
-        format!(
-            "{candidates},\n{}",
-            include_str!("../src/store/sql/claim_lease.sql")
+        render_column_reads(
+            &format!(
+                "{candidates},\n{}",
+                include_str!("../src/store/sql/claim_lease.sql")
+            )
+            .replace("{table}", "\"outbox_event\"")
+            .replace("{predecessor_key}", "(p.created_at, p.id)")
+            .replace("{row_key}", "(t.created_at, t.id)")
+            .replace("{headers}", "NULL::text"),
         )
-        .replace("{table}", "\"outbox_event\"")
-        .replace("{predecessor_key}", "(p.created_at, p.id)")
-        .replace("{row_key}", "(t.created_at, t.id)")
-        .replace("{headers}", "NULL::text")
     };
     let claim = include_str!("../src/store/sql/claim.sql");
     // The claim that marks the previous batch first, as Store renders it.

@@ -278,8 +278,10 @@ async fn maintenance_and_admin_queries_are_served_by_the_partial_indexes() {
         .expect("analyze");
 
     let render = |sql: &str| {
-        sql.replace("{table}", "\"outbox_event\"")
-            .replace("{gauges_table}", "\"outbox_relay_gauges\"")
+        outbox_relay::store::render_column_reads(
+            &sql.replace("{table}", "\"outbox_event\"")
+                .replace("{gauges_table}", "\"outbox_relay_gauges\""),
+        )
     };
     let since: DateTime<Utc> = Utc::now() - chrono::Duration::hours(2);
     let until: Option<DateTime<Utc>> = None;

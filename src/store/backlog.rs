@@ -119,17 +119,17 @@ impl Store {
                 ],
             )
             .await?;
-        let (unpublished, unpublished_exact) = bounded(row.get(1), COUNT_CAP, row.get(2));
-        let (quarantined, quarantined_exact) = bounded(row.get(3), COUNT_CAP, row.get(4));
-        let (pending_scanned, quarantined_scanned): (i64, i64) = (row.get(5), row.get(7));
+        let (unpublished, unpublished_exact) = bounded(row.try_get(1)?, COUNT_CAP, row.try_get(2)?);
+        let (quarantined, quarantined_exact) = bounded(row.try_get(3)?, COUNT_CAP, row.try_get(4)?);
+        let (pending_scanned, quarantined_scanned): (i64, i64) = (row.try_get(5)?, row.try_get(7)?);
         Ok(Backlog {
-            oldest_unpublished_age_seconds: row.get(0),
+            oldest_unpublished_age_seconds: row.try_get(0)?,
             counts: BacklogCounts {
                 unpublished,
                 unpublished_exact,
                 quarantined,
                 quarantined_exact,
-                stuck_aggregates: row.get(6),
+                stuck_aggregates: row.try_get(6)?,
                 stuck_aggregates_exact: pending_scanned < STUCK_SCAN && quarantined_scanned < STUCK_SCAN,
             },
         })
@@ -153,26 +153,29 @@ impl Store {
             let locked: bool = session
                 .query_one(GAUGES_LOCK, &[(&table, Type::TEXT)])
                 .await?
-                .get(0);
+                .try_get(0)?;
             let row = session
                 .query_one(
                     &sql.gauges_read,
                     &[(&key, Type::TEXT), (&millis(max_age), Type::INT8)],
                 )
                 .await?;
-            let oldest_unpublished_age_seconds: f64 = row.get(0);
-            let stored = row.get::<_, Option<i64>>(1).map(|unpublished| {
-                let counts = BacklogCounts {
-                    unpublished,
-                    unpublished_exact: row.get(2),
-                    quarantined: row.get(3),
-                    quarantined_exact: row.get(4),
-                    stuck_aggregates: row.get(5),
-                    stuck_aggregates_exact: row.get(6),
-                };
-                (counts, row.get::<_, f64>(7))
-            });
-            let fresh = row.get::<_, Option<bool>>(8).unwrap_or(false);
+            let oldest_unpublished_age_seconds: f64 = row.try_get(0)?;
+            let stored = match row.try_get::<_, Option<i64>>(1)? {
+                None => None,
+                Some(unpublished) => {
+                    let counts = BacklogCounts {
+                        unpublished,
+                        unpublished_exact: row.try_get(2)?,
+                        quarantined: row.try_get(3)?,
+                        quarantined_exact: row.try_get(4)?,
+                        stuck_aggregates: row.try_get(5)?,
+                        stuck_aggregates_exact: row.try_get(6)?,
+                    };
+                    Some((counts, row.try_get::<_, f64>(7)?))
+                }
+            };
+            let fresh = row.try_get::<_, Option<bool>>(8)?.unwrap_or(false);
             if !locked || fresh {
                 tx.commit().await?;
                 return Ok(GaugeReading {
@@ -197,7 +200,7 @@ impl Store {
                     ],
                 )
                 .await?
-                .get(0);
+                .try_get(0)?;
             tx.commit().await?;
             Ok(GaugeReading {
                 oldest_unpublished_age_seconds: backlog.oldest_unpublished_age_seconds,

@@ -113,9 +113,10 @@ const QUARANTINED: &str = "is quarantined, naming the column";
 const TIMESTAMP_COST: &str = "it is read as timestamptz in the relay's session time zone, so its \
      times shift if that differs from the producer's";
 
-/// Every column the relay uses, as the claim (`sql/claim.sql`, which casts
-/// what it returns to the types it decodes) and the recording statements
-/// (which match rows on `uuid[]` ids and `int[]` attempts) use them.
+/// Every column the relay uses, as the claim and the admin commands (which
+/// read each value through its cast in `casts.rs`, to the type they
+/// decode) and the recording statements (which match rows on `uuid[]` ids
+/// and `int[]` attempts) use them.
 const NEEDS: &[Need] = &[
     Need {
         column: "id",
@@ -223,7 +224,7 @@ const NEEDS: &[Need] = &[
         column: "quarantined_at",
         types: &["timestamptz"],
         tolerated: &["timestamp"],
-        cost: "`quarantine list` cannot read it (it reads a point in time)",
+        cost: TIMESTAMP_COST,
         expected: "timestamptz",
         why: "the relay sets it to now() and `quarantine list` reads it as a point in time",
         null: Null::Allowed,
@@ -365,20 +366,22 @@ pub fn report(findings: &[Finding]) -> Result<(), UnusableTable> {
 /// Sent unnamed with its parameter type, so that it also runs through a
 /// transaction-pooling proxy (see `pooler.rs`); it runs once per start.
 pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<Finding>, StoreError> {
-    let columns: Vec<Column> = client
+    let columns = client
         .query_typed(
             include_str!("sql/table_columns.sql"),
             &[(&table.quoted(), tokio_postgres::types::Type::TEXT)],
         )
         .await?
         .iter()
-        .map(|row| Column {
-            name: row.get(0),
-            declared: row.get(1),
-            base: row.get(2),
-            not_null: row.get(3),
+        .map(|row| {
+            Ok(Column {
+                name: row.try_get(0)?,
+                declared: row.try_get(1)?,
+                base: row.try_get(2)?,
+                not_null: row.try_get(3)?,
+            })
         })
-        .collect();
+        .collect::<Result<Vec<Column>, tokio_postgres::Error>>()?;
     Ok(check_columns(table, &columns))
 }
 
@@ -497,6 +500,30 @@ mod tests {
         );
         let bigint = with(spec_table(), column("attempt_count", "int8", true));
         assert_eq!(check_columns(&table(), &bigint)[0].severity, Severity::Tolerated);
+    }
+
+    #[test]
+    fn every_column_read_through_a_cast_is_checked_and_read_as_a_type_that_works() {
+        for column in crate::store::casts::columns() {
+            let need = NEEDS
+                .iter()
+                .find(|need| need.column == column)
+                .unwrap_or_else(|| panic!("{column} is read but not checked"));
+            let cast = crate::store::casts::read_as(column).expect("listed");
+            assert!(
+                need.types.contains(&cast) || (need.types.is_empty() && cast == "text"),
+                "{column} is read as {cast}, which the check does not take as working"
+            );
+        }
+        // A column the check lets have any type is one read as text.
+        for need in NEEDS.iter().filter(|need| need.types.is_empty()) {
+            assert_eq!(
+                crate::store::casts::read_as(need.column),
+                Some("text"),
+                "{}",
+                need.column
+            );
+        }
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Every query the relay runs, one function each. The SQL lives in
 //! `sql/*.sql`, one statement per file, with `{table}` standing for the
-//! validated, quoted outbox table name.
+//! validated, quoted outbox table name and `{read:column}` for a column
+//! read through its shared cast (`casts.rs`).
 
 mod admin;
 mod backlog;
+mod casts;
 mod claim;
 mod columns;
 mod connect;
@@ -33,6 +35,11 @@ pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
 pub use pooler::Pooler;
 pub use table::{describe_pg, DatabaseConfig, Endpoint, TableName};
+
+/// Renders a statement's `{read:column}` placeholders as the store does,
+/// for tests that plan the statements in `sql/` themselves.
+#[doc(hidden)]
+pub use casts::render as render_column_reads;
 
 use pooler::{Param, Session};
 use presence::ColumnPresence;
@@ -99,12 +106,12 @@ struct Statements {
 impl Statements {
     fn for_table(table: &TableName) -> Self {
         let quoted = table.quoted();
-        let render = |sql: &str| sql.replace("{table}", &quoted);
+        let render = |sql: &str| casts::render(&sql.replace("{table}", &quoted));
         // Both claims select their candidates their own way and budget and
         // lease them the same way.
         let claim = |candidates: &str| {
-            let sql = render(&format!("{candidates},\n{}", include_str!("sql/claim_lease.sql")));
-            HEADERS_COLUMN.map(|headers| sql.replace("{headers}", headers))
+            let sql = format!("{candidates},\n{}", include_str!("sql/claim_lease.sql"));
+            HEADERS_COLUMN.map(|headers| render(&sql.replace("{headers}", headers)))
         };
         let plain_claim = include_str!("sql/claim.sql")
             .replace("{finish}", "")
@@ -152,7 +159,7 @@ impl Statements {
 
 /// What a claim returns for the headers: `NULL` on a table without the
 /// optional column, the column's JSON text on one with it.
-const HEADERS_COLUMN: [&str; 2] = ["NULL::text", "t.headers::text"];
+const HEADERS_COLUMN: [&str; 2] = ["NULL::text", "{read:t.headers}"];
 
 /// Default bound on one statement; a hung database must not hang the relay.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);

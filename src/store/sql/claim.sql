@@ -32,9 +32,10 @@
 -- JSON text once, here: its length is the byte budget's measure and the
 -- text is the message body.
 --
--- Every column is cast to the type the relay reads, so a table in an older
--- shape (created_at without time zone, a BIGINT attempt_count, a UUID
--- aggregate_id) works as it is.
+-- Every column is read through its shared cast (see casts.rs, which the
+-- admin commands use too), so a table in an older shape (created_at
+-- without time zone, a BIGINT attempt_count, a UUID aggregate_id) works
+-- as it is.
 --
 -- The finish placeholder after WITH is empty, or claim_finish.sql: the
 -- worker's previous batch recorded in this same statement. The tried
@@ -43,7 +44,7 @@
 -- would otherwise both record and claim it, in an order PostgreSQL does
 -- not define.
 WITH {finish}tried AS (
-    SELECT id, created_at, payload::text AS body
+    SELECT id, created_at, {read:payload} AS body
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
@@ -54,7 +55,7 @@ WITH {finish}tried AS (
     FOR UPDATE SKIP LOCKED
 ),
 untried AS (
-    SELECT id, created_at, payload::text AS body
+    SELECT id, created_at, {read:payload} AS body
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL

@@ -11,8 +11,9 @@
 -- the table was small and the two claim paths' estimates added up to
 -- more than a batch.
 --
--- {headers} is the producer's optional headers column as text
--- (`t.headers::text`), or `NULL::text` on a table without it.
+-- Each column is read through its shared cast (see casts.rs), as the
+-- admin commands read it. {headers} is the producer's optional headers
+-- column read the same way, or `NULL::text` on a table without it.
 budgeted AS (
     SELECT id, body, payload_bytes
     FROM (
@@ -30,7 +31,7 @@ SET attempt_count = t.attempt_count + 1,
 FROM budgeted AS b
 WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
   AND t.id = b.id
-RETURNING t.id, t.causation_id::uuid, t.event_type::text, t.aggregate_id::text,
+RETURNING t.id, {read:t.causation_id}, {read:t.event_type}, {read:t.aggregate_id},
           CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
-          b.payload_bytes, t.created_at::timestamptz, t.attempt_count::int4,
+          b.payload_bytes, {read:t.created_at}, {read:t.attempt_count},
           {headers}

@@ -20,7 +20,7 @@
 -- but untried rows behind a stuck head are, on every claim, so a very long
 -- stuck aggregate makes claims slower; the stuck-aggregate gauge shows it.
 WITH tried AS (
-    SELECT t.id, t.created_at, t.payload::text AS body
+    SELECT t.id, t.created_at, {read:t.payload} AS body
     FROM {table} AS t
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
@@ -38,7 +38,7 @@ WITH tried AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 untried AS (
-    SELECT t.id, t.created_at, t.payload::text AS body
+    SELECT t.id, t.created_at, {read:t.payload} AS body
     FROM {table} AS t
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL

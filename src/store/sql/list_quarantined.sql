@@ -10,7 +10,13 @@
 -- quarantine statement stamps its whole batch alike), stopped by the LIMIT.
 -- The relay plans each execution for its parameters, so the `$1 IS NULL`
 -- branch folds away. Only a group of equal quarantined_at is ever sorted.
-SELECT id, event_type::text, attempt_count, last_error, quarantined_at
+--
+-- The columns are read through the claim's casts (see casts.rs), so an
+-- older table shape (a BIGINT attempt_count, quarantined_at without time
+-- zone) lists as the spec table does; the filter and the order use the
+-- bare quarantined_at, which the index holds. A timestamp compares
+-- with the timestamptz cursor in the session's time zone, as it is read.
+SELECT id, {read:event_type}, {read:attempt_count}, {read:last_error}, {read:quarantined_at}
 FROM {table}
 WHERE quarantined_at IS NOT NULL AND published_at IS NULL
   AND ($1::timestamptz IS NULL OR (quarantined_at, id) > ($1::timestamptz, $2::uuid))

@@ -1,0 +1,339 @@
+//! Every operator command, run as the binary, on each table shape the relay
+//! supports besides its own (docs/operations.md, Start-up table check): the
+//! seed design upgraded by `migrate`, and the older column types the claim
+//! casts (`attempt_count` as `smallint` or `bigint`, times without time
+//! zone, `aggregate_id uuid`, `event_type` of any type, `payload` as `json`
+//! or `text`). The admin commands read rows through the same casts as the
+//! claim, so each must work here exactly as on the spec table.
+
+mod common;
+
+use std::process::Output;
+
+use chrono::{DateTime, Duration as TimeDelta, SecondsFormat, Utc};
+use common::TestDb;
+use uuid::Uuid;
+
+/// A table shape: its columns before `migrate`, which adds the relay's
+/// missing columns and converts none of these.
+struct Shape {
+    columns: &'static [(&'static str, &'static str)],
+    /// Statements run before the table is created (a type it uses).
+    before: &'static str,
+}
+
+/// The seed design's columns, which every shape starts from.
+const SEED: &[(&str, &str)] = &[
+    ("id", "UUID PRIMARY KEY"),
+    ("causation_id", "UUID NOT NULL"),
+    ("event_type", "VARCHAR(150) NOT NULL"),
+    ("aggregate_id", "UUID NOT NULL"),
+    ("payload", "JSONB NOT NULL"),
+    ("created_at", "TIMESTAMPTZ NOT NULL DEFAULT now()"),
+    ("published_at", "TIMESTAMPTZ"),
+];
+
+/// Creates the shape's table (the seed columns with its changes and
+/// additions), runs `migrate` over it and checks that it passed.
+async fn migrated(shape: &Shape) -> TestDb {
+    let db = TestDb::create().await;
+    let mut columns: Vec<(&str, &str)> = SEED.to_vec();
+    for &(name, ddl) in shape.columns {
+        match columns.iter_mut().find(|(column, _)| *column == name) {
+            Some(column) => column.1 = ddl,
+            None => columns.push((name, ddl)),
+        }
+    }
+    let body: Vec<String> = columns
+        .iter()
+        .map(|(name, ddl)| format!("{name} {ddl}"))
+        .collect();
+    db.client
+        .batch_execute(&format!(
+            "{}CREATE TABLE outbox_event ({})",
+            shape.before,
+            body.join(", ")
+        ))
+        .await
+        .expect("create the table");
+    let out = run(&db, &["migrate"]);
+    assert_exit(&out, 0);
+    db
+}
+
+/// Inserts one row; every value is an untyped literal or an expression of
+/// now(), so it fits whatever types the shape's columns have.
+async fn insert(
+    db: &TestDb,
+    event_type: &str,
+    created: &str,
+    published: &str,
+    attempts: i32,
+    last_error: &str,
+    quarantined: &str,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    db.client
+        .batch_execute(&format!(
+            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload,
+                                       created_at, published_at, attempt_count, next_attempt_at,
+                                       last_error, quarantined_at)
+             VALUES ('{id}', '{id}', '{event_type}', '{id}', '{{\"n\": 1}}',
+                     now() - interval '{created}', {published}, '{attempts}', now(),
+                     {last_error}, {quarantined})"
+        ))
+        .await
+        .expect("insert a row");
+    id
+}
+
+fn run(db: &TestDb, args: &[&str]) -> Output {
+    db.relay_command(args, &[]).output().expect("run outbox-relay")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        stdout(out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert_exit(out, 0);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(out)))
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Runs `status`, `quarantine list`, `quarantine release` and `replay` (the
+/// reading ones in text and JSON) on a table of the shape holding pending,
+/// quarantined and published rows, checking the output and the effect.
+async fn every_admin_command_works_on(shape: Shape) {
+    let db = migrated(&shape).await;
+    for _ in 0..3 {
+        insert(&db, "order.created", "1 hour", "NULL", 0, "NULL", "NULL").await;
+    }
+    // Quarantined two and one minutes ago: the list's order.
+    let older = insert(
+        &db,
+        "invoice.issued",
+        "2 hours",
+        "NULL",
+        10,
+        "'gave up after 10 attempts: nack'",
+        "now() - interval '2 minutes'",
+    )
+    .await;
+    let newer = insert(
+        &db,
+        "order.created",
+        "2 hours",
+        "NULL",
+        7,
+        "'rejected by sink: body too large'",
+        "now() - interval '1 minute'",
+    )
+    .await;
+    for event_type in ["order.created", "order.created", "invoice.issued"] {
+        insert(
+            &db,
+            event_type,
+            "1 day",
+            "now() - interval '10 minutes'",
+            1,
+            "NULL",
+            "NULL",
+        )
+        .await;
+    }
+
+    // status, both forms.
+    let status = json(&run(&db, &["status", "--json"]));
+    assert_eq!(status["unpublished"], 3, "{status}");
+    assert_eq!(status["quarantined"], 2, "{status}");
+    assert_eq!(status["published_last_hour"], 3, "{status}");
+    let age = status["oldest_unpublished_age_seconds"]
+        .as_f64()
+        .expect("a number");
+    assert!((3600.0..3700.0).contains(&age), "the 1-hour-old rows: {age}");
+    let out = run(&db, &["status"]);
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("quarantined") && line.trim_end().ends_with(" 2")),
+        "{text}"
+    );
+
+    // quarantine list --json: both rows, oldest quarantine first, as stored.
+    let list = json(&run(&db, &["quarantine", "list", "--json"]));
+    let items = list.as_array().expect("an array");
+    let ids: Vec<&str> = items.iter().map(|item| item["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [older.to_string(), newer.to_string()], "{list}");
+    assert_eq!(items[0]["event_type"], "invoice.issued", "{list}");
+    assert_eq!(items[0]["attempt_count"], 10, "{list}");
+    assert_eq!(items[1]["attempt_count"], 7, "{list}");
+    assert_eq!(
+        items[0]["last_error"], "gave up after 10 attempts: nack",
+        "{list}"
+    );
+    let now = Utc::now();
+    for (item, minutes) in items.iter().zip([2, 1]) {
+        let at = DateTime::parse_from_rfc3339(item["quarantined_at"].as_str().unwrap())
+            .expect("RFC 3339")
+            .with_timezone(&Utc);
+        let expected = now - TimeDelta::minutes(minutes);
+        assert!(
+            (at - expected).num_seconds().abs() < 30,
+            "quarantined {minutes} min ago: {item}"
+        );
+    }
+
+    // quarantine list, text, and its pages: the cursor of a time without
+    // time zone continues exactly after the first row.
+    let out = run(&db, &["quarantine", "list"]);
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    for id in [older, newer] {
+        assert!(text.contains(&id.to_string()), "{id} listed:\n{text}");
+    }
+    assert!(
+        text.contains("invoice.issued") && text.contains("gave up after 10"),
+        "{text}"
+    );
+    let page = json(&run(&db, &["quarantine", "list", "--json", "--limit", "1"]));
+    let cursor = format!(
+        "{},{}",
+        page[0]["quarantined_at"].as_str().unwrap(),
+        page[0]["id"].as_str().unwrap()
+    );
+    let next = json(&run(
+        &db,
+        &["quarantine", "list", "--json", "--limit", "1", "--after", &cursor],
+    ));
+    assert_eq!(next[0]["id"], newer.to_string(), "the second page: {next}");
+    let after_last = format!("{},{newer}", next[0]["quarantined_at"].as_str().unwrap());
+    let last = json(&run(
+        &db,
+        &["quarantine", "list", "--json", "--after", &after_last],
+    ));
+    assert_eq!(last, serde_json::json!([]), "nothing after the last row");
+
+    // quarantine release <id>, then --all.
+    let out = run(&db, &["quarantine", "release", &older.to_string()]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).starts_with("released 1 row "), "{}", stdout(&out));
+    assert_eq!(
+        db.count(&format!(
+            "id = '{older}' AND quarantined_at IS NULL AND attempt_count = 0 AND next_attempt_at <= now()"
+        ))
+        .await,
+        1,
+        "released: due now, attempts reset"
+    );
+    let out = run(&db, &["quarantine", "release", "--all"]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).starts_with("released 1 row "), "{}", stdout(&out));
+    assert_eq!(db.count("quarantined_at IS NOT NULL").await, 0);
+
+    // replay, of one event type, then the rest of the window.
+    let since = rfc3339(now - TimeDelta::hours(1));
+    let out = run(
+        &db,
+        &["replay", "--since", &since, "--event-type", "invoice.issued"],
+    );
+    assert_exit(&out, 0);
+    assert!(stdout(&out).starts_with("re-queued 1 row "), "{}", stdout(&out));
+    let until = rfc3339(Utc::now() + TimeDelta::minutes(1));
+    let out = run(&db, &["replay", "--since", &since, "--until", &until]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).starts_with("re-queued 2 rows "), "{}", stdout(&out));
+
+    let status = json(&run(&db, &["status", "--json"]));
+    assert_eq!(status["unpublished"], 8, "{status}");
+    assert_eq!(status["quarantined"], 0, "{status}");
+    assert_eq!(status["published_last_hour"], 0, "{status}");
+    let out = run(&db, &["quarantine", "list"]);
+    assert_exit(&out, 0);
+    assert_eq!(stdout(&out), "no quarantined rows in outbox_event\n");
+}
+
+/// The seed design as producers have it, upgraded by `migrate`.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_the_seed_table() {
+    every_admin_command_works_on(Shape {
+        columns: &[],
+        before: "",
+    })
+    .await;
+}
+
+/// The table `TestDb::migrated_over_older_table` builds: a BIGINT attempt
+/// count of the producer's own, `created_at` without time zone, a nullable
+/// text aggregate id.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_bigint_attempt_count() {
+    every_admin_command_works_on(Shape {
+        columns: &[
+            ("causation_id", "UUID"),
+            ("aggregate_id", "TEXT"),
+            ("created_at", "TIMESTAMP WITHOUT TIME ZONE NOT NULL DEFAULT now()"),
+            ("attempt_count", "BIGINT NOT NULL DEFAULT 0"),
+        ],
+        before: "",
+    })
+    .await;
+}
+
+/// A SMALLINT attempt count, a text event type and a `json` payload.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_smallint_attempt_count() {
+    every_admin_command_works_on(Shape {
+        columns: &[
+            ("event_type", "TEXT NOT NULL"),
+            ("payload", "JSON NOT NULL"),
+            ("attempt_count", "SMALLINT NOT NULL DEFAULT 0"),
+        ],
+        before: "",
+    })
+    .await;
+}
+
+/// Every time without time zone, quarantined_at included, and a `text`
+/// payload.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_times_without_time_zone() {
+    every_admin_command_works_on(Shape {
+        columns: &[
+            ("payload", "TEXT NOT NULL"),
+            ("created_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+            ("published_at", "TIMESTAMP"),
+            ("next_attempt_at", "TIMESTAMP NOT NULL DEFAULT now()"),
+            ("quarantined_at", "TIMESTAMP"),
+            ("attempt_count", "INTEGER NOT NULL DEFAULT 0"),
+            ("last_error", "VARCHAR(1000)"),
+        ],
+        before: "",
+    })
+    .await;
+}
+
+/// `event_type` of the producer's own enum type: read as text, so
+/// `replay --event-type` matches it as text too.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_an_enum_event_type() {
+    every_admin_command_works_on(Shape {
+        columns: &[("event_type", "event_kind NOT NULL")],
+        before: "CREATE TYPE event_kind AS ENUM ('order.created', 'invoice.issued'); ",
+    })
+    .await;
+}
