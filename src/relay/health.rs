@@ -90,7 +90,10 @@ impl RelayHealth {
     /// A claim failed for the database's sake.
     pub fn claim_failed(&self, error: &dyn std::fmt::Display) {
         let mut state = self.state();
-        let since = state.claim_failing.as_ref().map_or_else(Instant::now, |(since, _)| *since);
+        let since = state
+            .claim_failing
+            .as_ref()
+            .map_or_else(Instant::now, |(since, _)| *since);
         state.claim_failing = Some((since, error.to_string()));
     }
 
@@ -225,7 +228,9 @@ mod tests {
         assert_eq!(health.turn_at(later), Turn::Wait(PROBE_POLL));
         health.batch_settled_at(deferred(), later);
         match health.turn_at(later) {
-            Turn::Wait(wait) => assert!(wait >= Duration::from_millis(250) && wait <= Duration::from_millis(500)),
+            Turn::Wait(wait) => {
+                assert!(wait >= Duration::from_millis(250) && wait <= Duration::from_millis(500))
+            }
             other => panic!("expected a wait, got {other:?}"),
         }
     }

@@ -260,7 +260,11 @@ impl Relay {
     /// at hand (a connection or a probe request is under way), the rows
     /// confirmed in the last batch are recorded first: their lease runs
     /// while the check waits.
-    async fn sink_ready(&self, confirmed: &mut Confirmed, shutdown: &CancellationToken) -> Result<(), SinkError> {
+    async fn sink_ready(
+        &self,
+        confirmed: &mut Confirmed,
+        shutdown: &CancellationToken,
+    ) -> Result<(), SinkError> {
         let check = self.sink.ready();
         tokio::pin!(check);
         if let std::task::Poll::Ready(answer) = futures::poll!(&mut check) {

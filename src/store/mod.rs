@@ -337,7 +337,9 @@ impl Store {
         self.with_current_columns(|| async {
             let sql = &match ordering {
                 Ordering::None => &self.sql.claim,
-                Ordering::Aggregate if self.orders_by_sequence().await? => &self.sql.claim_ordered_by_sequence,
+                Ordering::Aggregate if self.orders_by_sequence().await? => {
+                    &self.sql.claim_ordered_by_sequence
+                }
                 Ordering::Aggregate => &self.sql.claim_ordered,
             }[usize::from(self.has_headers().await?)];
             self.run_claim(sql, budget, lease, &[]).await
@@ -554,10 +556,7 @@ impl Store {
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         let client = self.connection().await?;
-        bounded(async {
-            Ok(Session::client(self.pooler, &client).execute(sql, params).await?)
-        })
-        .await
+        bounded(async { Ok(Session::client(self.pooler, &client).execute(sql, params).await?) }).await
     }
 }
 

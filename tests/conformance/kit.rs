@@ -221,14 +221,18 @@ impl<B: Broker> Bench<B> {
     /// the relay stays live, and it asks the broker and updates rows at a
     /// bounded rate.
     pub async fn assert_outage(&self, reason: &str) {
-        eventually(WAIT, &format!("/readyz answers 503 naming \"{reason}\""), || async {
-            let answer = self.get("/readyz").await;
-            let hit = matches!(&answer, Some((503, body)) if body.contains(reason));
-            if !hit {
-                eprintln!("/readyz: {answer:?}");
-            }
-            hit
-        })
+        eventually(
+            WAIT,
+            &format!("/readyz answers 503 naming \"{reason}\""),
+            || async {
+                let answer = self.get("/readyz").await;
+                let hit = matches!(&answer, Some((503, body)) if body.contains(reason));
+                if !hit {
+                    eprintln!("/readyz: {answer:?}");
+                }
+                hit
+            },
+        )
         .await;
         // Past the first few probes, which come quickly.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -337,7 +341,11 @@ impl<B: Broker> Bench<B> {
         })
         .await;
         let quarantined = self.quarantined().await;
-        assert_eq!(quarantined.len(), 1, "only the faulty row is quarantined: {quarantined:?}");
+        assert_eq!(
+            quarantined.len(),
+            1,
+            "only the faulty row is quarantined: {quarantined:?}"
+        );
         let (_, attempts, last_error) = &quarantined[0];
         let expected_attempts = match fault {
             RowFault::Reject => 1,

@@ -175,7 +175,12 @@ async fn a_subject_no_stream_captures_is_the_rows_retry() {
     good.extend(bench.insert(30, "routed.b").await);
     bench.start(&[]);
     bench
-        .assert_row_fault(bad, RowFault::Retry, "no JetStream stream captures the subject", &good)
+        .assert_row_fault(
+            bad,
+            RowFault::Retry,
+            "no JetStream stream captures the subject",
+            &good,
+        )
         .await;
 }
 
@@ -192,11 +197,17 @@ async fn a_message_over_the_stream_limit_is_rejected() {
     .await;
     let mut good = bench.insert(30, "conformance.small").await;
     let bad = bench
-        .insert_row("conformance.big", "a", &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)))
+        .insert_row(
+            "conformance.big",
+            "a",
+            &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)),
+        )
         .await;
     good.extend(bench.insert(30, "conformance.small").await);
     bench.start(&[]);
-    bench.assert_row_fault(bad, RowFault::Reject, "exceeds maximum", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "exceeds maximum", &good)
+        .await;
 }
 
 /// A subject longer than the server's control line would have the server
@@ -212,7 +223,9 @@ async fn a_subject_over_the_control_line_is_rejected_before_sending() {
         .await;
     good.extend(bench.insert(200, "conformance.short").await);
     bench.start(&[]);
-    bench.assert_row_fault(bad, RowFault::Reject, "subject", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "subject", &good)
+        .await;
 }
 
 impl Drop for Nats {

@@ -18,9 +18,9 @@ use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use uuid::Uuid;
 
 use super::kit::{Bench, Broker, RowFault};
+use crate::common::amqp_url;
 use crate::common::private_rabbit::PrivateRabbit;
 use crate::common::proxy::Proxy;
-use crate::common::amqp_url;
 
 /// An exchange and one queue bound to it, declared for one case.
 struct Rabbit {
@@ -62,7 +62,11 @@ impl Rabbit {
         arguments.insert("x-expires".into(), AMQPValue::LongLongInt(900_000));
         rabbit
             .channel
-            .queue_declare(rabbit.queue.as_str().into(), QueueDeclareOptions::default(), arguments)
+            .queue_declare(
+                rabbit.queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                arguments,
+            )
             .await
             .expect("declare queue");
         rabbit.declare_exchange().await;
@@ -140,12 +144,7 @@ impl Broker for Rabbit {
             let mut ids = HashSet::new();
             while let Ok(Some(message)) = self
                 .channel
-                .basic_get(
-                    self.queue.as_str().into(),
-                    BasicGetOptions {
-                        no_ack: true,
-                    },
-                )
+                .basic_get(self.queue.as_str().into(), BasicGetOptions { no_ack: true })
                 .await
             {
                 if let Some(id) = message
@@ -166,7 +165,10 @@ impl Broker for Rabbit {
 fn reject_publish(max_length: i64) -> FieldTable {
     let mut arguments = FieldTable::default();
     arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(max_length));
-    arguments.insert("x-overflow".into(), AMQPValue::LongString("reject-publish".into()));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
     arguments
 }
 
@@ -186,7 +188,13 @@ async fn a_full_reject_publish_queue_is_backpressure() {
 /// A connection that cannot be made (refused, then every open one cut).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_that_cannot_be_reached_is_an_outage() {
-    let mut bench = Bench::new(Rabbit::create("#", FieldTable::default()).await.behind_proxy().await).await;
+    let mut bench = Bench::new(
+        Rabbit::create("#", FieldTable::default())
+            .await
+            .behind_proxy()
+            .await,
+    )
+    .await;
     let first = bench.insert(20, "conformance.before").await;
     bench.start(&[]);
     bench.assert_delivered(&first).await;
@@ -203,7 +211,13 @@ async fn a_broker_that_cannot_be_reached_is_an_outage() {
 /// confirmed by the publish timeout.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_that_stops_answering_is_an_outage() {
-    let mut bench = Bench::new(Rabbit::create("#", FieldTable::default()).await.behind_proxy().await).await;
+    let mut bench = Bench::new(
+        Rabbit::create("#", FieldTable::default())
+            .await
+            .behind_proxy()
+            .await,
+    )
+    .await;
     let first = bench.insert(20, "conformance.before").await;
     bench.start(&[("OUTBOX_PUBLISH_TIMEOUT", "2s")]);
     bench.assert_delivered(&first).await;
@@ -226,7 +240,10 @@ async fn a_deleted_exchange_is_an_outage() {
     bench
         .broker
         .channel
-        .exchange_delete(bench.broker.exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .exchange_delete(
+            bench.broker.exchange.as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
         .await
         .expect("delete exchange");
     let during = bench.insert(100, "conformance.during").await;
@@ -245,7 +262,9 @@ async fn an_unroutable_message_is_the_rows_retry() {
     let bad = bench.insert(1, "conformance.nowhere").await[0];
     good.extend(bench.insert(30, "conformance.routed.b").await);
     bench.start(&[]);
-    bench.assert_row_fault(bad, RowFault::Retry, "unroutable", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Retry, "unroutable", &good)
+        .await;
     bench.broker.cleanup().await;
 }
 
@@ -255,11 +274,17 @@ async fn a_message_over_the_configured_limit_is_rejected_before_sending() {
     let mut bench = Bench::new(Rabbit::create("#", FieldTable::default()).await).await;
     let mut good = bench.insert(30, "conformance.small").await;
     let bad = bench
-        .insert_row("conformance.big", "a", &format!("{{\"blob\": \"{}\"}}", "x".repeat(4000)))
+        .insert_row(
+            "conformance.big",
+            "a",
+            &format!("{{\"blob\": \"{}\"}}", "x".repeat(4000)),
+        )
         .await;
     good.extend(bench.insert(30, "conformance.small").await);
     bench.start(&[("OUTBOX_AMQP_MAX_MESSAGE_BYTES", "2048")]);
-    bench.assert_row_fault(bad, RowFault::Reject, "exceeds", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "exceeds", &good)
+        .await;
     bench.broker.cleanup().await;
 }
 
@@ -272,10 +297,16 @@ async fn a_message_that_makes_the_broker_close_the_channel_is_isolated() {
     let mut bench = Bench::new(Rabbit::create_at(&rabbit.amqp_url(), "#", FieldTable::default()).await).await;
     let mut good = bench.insert(40, "conformance.small").await;
     let bad = bench
-        .insert_row("conformance.big", "a", &format!("{{\"blob\": \"{}\"}}", "x".repeat(8000)))
+        .insert_row(
+            "conformance.big",
+            "a",
+            &format!("{{\"blob\": \"{}\"}}", "x".repeat(8000)),
+        )
         .await;
     good.extend(bench.insert(40, "conformance.small").await);
     bench.start(&[]);
-    bench.assert_row_fault(bad, RowFault::Reject, "closed the channel", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "closed the channel", &good)
+        .await;
     bench.broker.cleanup().await;
 }

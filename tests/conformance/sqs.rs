@@ -36,7 +36,10 @@ enum Fault {
     EveryEntry { code: &'static str, sender_fault: bool },
     /// Passes `SendMessageBatch` on without the entries whose body contains
     /// the marker, and reports those as failed with this code.
-    EntriesContaining { marker: &'static str, code: &'static str },
+    EntriesContaining {
+        marker: &'static str,
+        code: &'static str,
+    },
     /// Holds every `SendMessageBatch` unanswered while the fault lasts.
     Hang,
 }
@@ -65,7 +68,9 @@ impl SqsProxy {
             client: reqwest::Client::new(),
         };
         let app = axum::Router::new().fallback(handle).with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
         let addr = listener.local_addr().expect("proxy address");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -100,7 +105,10 @@ fn sqs_error(status: u16, code: &str) -> Response {
     )
         .into_response();
     let headers = response.headers_mut();
-    headers.insert("content-type", HeaderValue::from_static("application/x-amz-json-1.0"));
+    headers.insert(
+        "content-type",
+        HeaderValue::from_static("application/x-amz-json-1.0"),
+    );
     let fault = if status >= 500 { "Receiver" } else { "Sender" };
     headers.insert(
         "x-amzn-query-error",
@@ -135,9 +143,11 @@ async fn handle(State(state): State<ProxyState>, request: Request) -> Response {
         }
         (true, Fault::EntriesContaining { marker, code }) => {
             let mut request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let (marked, kept): (Vec<Value>, Vec<Value>) = entries(&request)
-                .into_iter()
-                .partition(|entry| entry["MessageBody"].as_str().is_some_and(|body| body.contains(marker)));
+            let (marked, kept): (Vec<Value>, Vec<Value>) = entries(&request).into_iter().partition(|entry| {
+                entry["MessageBody"]
+                    .as_str()
+                    .is_some_and(|body| body.contains(marker))
+            });
             let failed: Vec<Value> = marked.iter().map(|entry| failure(entry, code, false)).collect();
             if kept.is_empty() {
                 return json_response(json!({"Successful": [], "Failed": failed}));
@@ -169,9 +179,10 @@ fn failure(entry: &Value, code: &str, sender_fault: bool) -> Value {
 
 fn json_response(body: Value) -> Response {
     let mut response = (StatusCode::OK, body.to_string()).into_response();
-    response
-        .headers_mut()
-        .insert("content-type", HeaderValue::from_static("application/x-amz-json-1.0"));
+    response.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/x-amz-json-1.0"),
+    );
     response
 }
 
@@ -407,10 +418,14 @@ async fn an_entry_failed_alone_is_the_rows_retry() {
         code: "EntryNotStored",
     });
     let mut good = bench.insert(30, "conformance.sqs").await;
-    let bad = bench.insert_row("conformance.sqs", "a", r#"{"note": "poison"}"#).await;
+    let bad = bench
+        .insert_row("conformance.sqs", "a", r#"{"note": "poison"}"#)
+        .await;
     good.extend(bench.insert(30, "conformance.sqs").await);
     bench.start(&[]);
-    bench.assert_row_fault(bad, RowFault::Retry, "EntryNotStored", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Retry, "EntryNotStored", &good)
+        .await;
 }
 
 /// A message over the queue's `MaximumMessageSize` is never sent.
@@ -419,9 +434,15 @@ async fn a_message_over_the_queue_limit_is_rejected_before_sending() {
     let mut bench = Bench::new(Sqs::new(Some(1024)).await).await;
     let mut good = bench.insert(30, "conformance.sqs").await;
     let bad = bench
-        .insert_row("conformance.sqs", "a", &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)))
+        .insert_row(
+            "conformance.sqs",
+            "a",
+            &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)),
+        )
         .await;
     good.extend(bench.insert(30, "conformance.sqs").await);
     bench.start(&[]);
-    bench.assert_row_fault(bad, RowFault::Reject, "MaximumMessageSize", &good).await;
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "MaximumMessageSize", &good)
+        .await;
 }

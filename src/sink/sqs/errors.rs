@@ -188,7 +188,10 @@ mod tests {
         assert_eq!(classify("KMS.DisabledException", true), deferred);
         assert_eq!(classify("KmsAccessDenied", true), deferred);
         assert_eq!(classify("AccessDenied", true), deferred);
-        assert_eq!(classify("AWS.SimpleQueueService.NonExistentQueue", true), deferred);
+        assert_eq!(
+            classify("AWS.SimpleQueueService.NonExistentQueue", true),
+            deferred
+        );
     }
 
     #[test]
