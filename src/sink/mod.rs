@@ -1,7 +1,10 @@
 //! The sink contract: a batch of events in, one [`Outcome`] per event out.
 //!
 //! Sinks decide retryability themselves; the relay never looks at
-//! broker-specific errors. Above all a sink tells the row's fault (a
+//! broker-specific errors. Each sink classifies its broker's answers in one
+//! place (`amqp::settle`, `sqs::errors`, `nats::errors`), listed in one
+//! table in its doc, and every class is proved by the conformance suite in
+//! `tests/conformance/`. Above all a sink tells the row's fault (a
 //! refusal of that one message: the row is charged an attempt) from the
 //! broker's or the network's (an alarm, a lost connection, throttling, a
 //! batch not confirmed in time: the row is not charged). A sink also
@@ -43,17 +46,22 @@ pub enum SinkConfig {
 pub enum Outcome {
     /// The broker confirmed the message.
     Published,
-    /// The broker refused this message (a nack, an unroutable return, a
-    /// per-entry error): a failed attempt of the row, worth trying again
-    /// later; quarantined once the row is out of attempts.
+    /// The broker refused this message for its own sake (an unroutable
+    /// return, a per-entry error no other entry got): a failed attempt of
+    /// the row, worth trying again later; quarantined once the row is out
+    /// of attempts. Never for an answer the same request would get for any
+    /// row: that is `Deferred`.
     Retry(String),
     /// Will never succeed as it is (too large, invalid for the sink):
     /// quarantine at once.
     Reject(String),
-    /// Not the row's fault: the broker or the network failed the batch (an
-    /// alarm, a lost connection or channel, throttling, a server error, no
-    /// confirmation before the deadline). Published again later without
-    /// costing the row an attempt; the sink is not ready for a moment.
+    /// Not the row's fault: the broker or the network failed the batch, or
+    /// gave an answer any row would get (a nack, an alarm, a lost
+    /// connection or channel, authorisation, a missing destination,
+    /// throttling, a server error, no confirmation before the deadline).
+    /// Published again later without costing the row an attempt; a batch
+    /// deferred whole makes the relay probe with backoff and report not
+    /// ready (see `relay::RelayHealth`).
     Deferred(String),
 }
 
@@ -65,8 +73,8 @@ pub struct SinkError(pub String);
 /// A message broker the relay publishes to.
 pub trait Sink: Send + Sync {
     /// Publishes a batch and returns exactly one outcome per event, in the
-    /// order of `events`. Never fails as a whole: a broken connection is a
-    /// `Retry` for every event it affected.
+    /// order of `events`. Never fails as a whole: a broken connection is
+    /// `Deferred` for every event it affected.
     ///
     /// A sink pairs each broker answer with its event by the event's
     /// identity (its index in `events` carried through the request, an SQS
