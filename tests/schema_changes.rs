@@ -15,7 +15,9 @@ use uuid::Uuid;
 const WAIT: Duration = Duration::from_secs(120);
 
 async fn readyz(port: u16) -> Option<(u16, String)> {
-    let response = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await.ok()?;
+    let response = reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
+        .await
+        .ok()?;
     let status = response.status().as_u16();
     Some((status, response.text().await.unwrap_or_default()))
 }
@@ -64,8 +66,16 @@ async fn publishing_goes_on_when_the_headers_column_is_dropped_and_added_again()
         db.count("published_at IS NULL").await == 0
     })
     .await;
-    assert_eq!(db.count("quarantined_at IS NOT NULL").await, 0, "nothing quarantined");
-    assert_eq!(db.count("last_error IS NOT NULL").await, 0, "no row charged for it");
+    assert_eq!(
+        db.count("quarantined_at IS NOT NULL").await,
+        0,
+        "nothing quarantined"
+    );
+    assert_eq!(
+        db.count("last_error IS NOT NULL").await,
+        0,
+        "no row charged for it"
+    );
     assert!(
         matches!(readyz(http).await, Some((200, _))),
         "ready again once claims go through"
@@ -99,7 +109,10 @@ async fn publishing_goes_on_when_the_headers_column_is_dropped_and_added_again()
             break false;
         }
     };
-    assert!(carried, "the re-added column's headers are carried without a restart");
+    assert!(
+        carried,
+        "the re-added column's headers are carried without a restart"
+    );
     broker.cleanup().await;
 }
 
