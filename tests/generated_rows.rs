@@ -1037,6 +1037,13 @@ impl Row {
                     expected.insert("causation_id".into(), cause.clone());
                 }
                 expected.extend(self.carried_headers());
+                // The server stores header values byte for byte, but NATS
+                // clients (this one included) trim white space around a
+                // value when they read it: what a consumer reads is the
+                // trimmed value (docs/nats.md says so).
+                for value in expected.values_mut() {
+                    *value = value.trim().to_owned();
+                }
                 if by_aggregate {
                     format!("{prefix}.{event_type}.{aggregate_id}")
                 } else {
