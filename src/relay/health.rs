@@ -3,14 +3,17 @@
 //! that answers `SELECT 1` but fails every claim is not ready), and whether
 //! the broker is deferring whole batches.
 //!
-//! A batch the broker deferred without publishing any of it (a nack, an
-//! authorisation error, a missing queue, a timeout: any answer that is not
-//! the row's fault) starts a *deferral outage*. While it lasts the
-//! replica's workers publish nothing but one small probe batch at a time,
-//! spaced by a capped exponential delay: an answer every row would get is
-//! asked for a few times a second at most, not once per claim per worker,
-//! and the rows are not charged. The first probe that publishes something,
-//! or gets an answer that is a row's own, ends it.
+//! A batch the broker deferred more of than it published (nacks from a
+//! full queue, an authorisation error, a missing queue, a timeout: answers
+//! that are not the rows' fault) starts a *deferral outage*. While it
+//! lasts the replica's workers publish nothing but one small probe batch
+//! at a time, spaced by a capped exponential delay: an answer every row
+//! would get is asked for a few times a second at most, not once per claim
+//! per worker, and the rows are not charged. The first probe that the
+//! broker mostly takes ends it. An outage that starts again soon after one
+//! ended (a queue that takes a few messages and refuses the rest) picks
+//! its spacing up where the last one left it, so the relay does not swing
+//! between full batches and quick probes.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -35,6 +38,9 @@ pub const PROBE_ROWS: u32 = 10;
 /// How often a worker waiting for another worker's probe looks again.
 const PROBE_POLL: Duration = Duration::from_millis(100);
 
+/// How long after an outage ended a new one continues its spacing.
+const REMEMBER: Duration = Duration::from_secs(30);
+
 /// The relay's view of its dependencies, shared by the workers and
 /// `/readyz`.
 #[derive(Debug, Default)]
@@ -47,6 +53,8 @@ struct State {
     /// The last claim's error, and since when claims fail.
     claim_failing: Option<(Instant, String)>,
     deferring: Option<Deferring>,
+    /// When the last outage ended, and how many batches it had deferred.
+    last_ended: Option<(Instant, u32)>,
 }
 
 #[derive(Debug)]
@@ -77,7 +85,7 @@ pub enum Turn {
 pub enum BatchHealth {
     /// Something was published, or refused for a row's own sake.
     Answered,
-    /// Nothing was published, and rows were deferred for this reason.
+    /// More rows were deferred than published, the first for this reason.
     Deferred(String),
 }
 
@@ -136,15 +144,24 @@ impl RelayHealth {
                     deferred_batches = deferring.batches,
                     "the broker takes messages again; publishing at full speed"
                 );
+                state.last_ended = Some((now, deferring.batches));
                 state.deferring = None;
             }
             (BatchHealth::Deferred(reason), None) => {
-                warn!(report = "publishing_deferred", %reason, "the broker deferred a whole batch; publishing one small probe batch at a time, with backoff, until it takes messages again (rows are not charged)");
+                let batches = match state.last_ended {
+                    Some((ended, batches)) if now.duration_since(ended) < REMEMBER => {
+                        batches.saturating_add(1)
+                    }
+                    _ => {
+                        warn!(report = "publishing_deferred", %reason, "the broker deferred most of a batch; publishing one small probe batch at a time, with backoff, until it takes messages again (rows are not charged)");
+                        1
+                    }
+                };
                 state.deferring = Some(Deferring {
                     since: now,
                     reason,
-                    batches: 1,
-                    next_probe: now + PROBE_SPACING.delay(1),
+                    batches,
+                    next_probe: now + PROBE_SPACING.delay(batches),
                     probing: false,
                 });
             }
@@ -169,7 +186,10 @@ impl RelayHealth {
     /// with nothing to tell, the outage is over as far as this replica
     /// knows; the next batch says otherwise if it is not.
     pub fn probe_found_nothing(&self) {
-        self.state().deferring = None;
+        let mut state = self.state();
+        if let Some(deferring) = state.deferring.take() {
+            state.last_ended = Some((Instant::now(), deferring.batches));
+        }
     }
 
     /// The reasons the relay is not ready, in words; empty when it is.
@@ -265,6 +285,27 @@ mod tests {
         health.batch_settled_at(BatchHealth::Answered, later);
         assert_eq!(health.turn_at(later), Turn::Publish);
         assert!(health.problems().is_empty());
+    }
+
+    #[test]
+    fn an_outage_soon_after_the_last_one_keeps_its_spacing() {
+        let health = RelayHealth::default();
+        let mut now = Instant::now();
+        for _ in 0..10 {
+            health.batch_settled_at(deferred(), now);
+        }
+        now += PROBE_SPACING.max;
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        health.batch_settled_at(BatchHealth::Answered, now);
+        // A full batch is refused again at once: no quick probes this time.
+        health.batch_settled_at(deferred(), now);
+        assert!(matches!(health.turn_at(now), Turn::Wait(wait) if wait >= PROBE_SPACING.max / 2));
+        // Long after, a new outage starts from the quick probes again.
+        now += REMEMBER * 2;
+        health.batch_settled_at(BatchHealth::Answered, now);
+        let later = now + REMEMBER * 2;
+        health.batch_settled_at(deferred(), later);
+        assert!(matches!(health.turn_at(later), Turn::Wait(wait) if wait <= Duration::from_millis(250)));
     }
 
     #[test]

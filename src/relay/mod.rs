@@ -383,10 +383,13 @@ impl Relay {
             deadline,
         };
         self.record(&decisions, deadline, shutdown).await;
-        // A batch the broker deferred without publishing any of it is an
-        // answer every row would have got: the broker's state, not theirs.
+        // A batch the broker deferred more of than it published is an
+        // answer every row would have got (a full queue, a refusal of every
+        // request): the broker's state, not theirs. One row deferred among
+        // published batch-mates is not, so a row the broker keeps failing
+        // for an unknowable reason of its own never slows the others.
         let health = match &decisions.deferred_because {
-            Some(reason) if published == 0 => BatchHealth::Deferred(reason.clone()),
+            Some(reason) if decisions.deferred.len() > published => BatchHealth::Deferred(reason.clone()),
             _ => BatchHealth::Answered,
         };
         debug!(

@@ -60,7 +60,7 @@ pub enum Outcome {
     /// connection or channel, authorisation, a missing destination,
     /// throttling, a server error, no confirmation before the deadline).
     /// Published again later without costing the row an attempt; a batch
-    /// deferred whole makes the relay probe with backoff and report not
+    /// deferred more than published makes the relay probe with backoff and report not
     /// ready (see `relay::RelayHealth`).
     Deferred(String),
 }
