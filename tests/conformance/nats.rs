@@ -100,7 +100,7 @@ impl Broker for Nats {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_stream_is_backpressure() {
     let mut nats = Nats::new(StreamLimits {
-        max_messages_discard_new: 10,
+        max_messages_discard_new: 50,
         ..StreamLimits::default()
     })
     .await;

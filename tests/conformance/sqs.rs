@@ -387,7 +387,7 @@ async fn a_deleted_queue_is_an_outage() {
     bench.assert_delivered(&first).await;
     bench.broker.queue_exists(false).await;
     let during = bench.insert(100, "conformance.during").await;
-    bench.assert_outage("GetQueueAttributes").await;
+    bench.assert_outage("NonExistentQueue").await;
     bench.broker.queue_exists(true).await;
     bench.assert_delivered(&during).await;
 }

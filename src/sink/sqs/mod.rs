@@ -305,8 +305,15 @@ impl SqsSink {
                 if suggests_outage(e.code(), status) {
                     self.suspect();
                     self.breaker.trip(&reason);
-                } else {
+                } else if matches!(classify_request_error(e.code(), String::new(), 0), Sent::Split(_)) {
+                    // Refused for what one entry holds: the queue is fine.
                     self.answered();
+                } else {
+                    // Refused as a whole for the queue's or the caller's
+                    // sake (a deleted queue, a permission): the next
+                    // readiness check asks SQS again instead of trusting
+                    // its last answer for up to a minute.
+                    self.suspect();
                 }
                 let sent = classify_request_error(e.code(), reason, request.len());
                 if let Sent::Split(reason) = &sent {
