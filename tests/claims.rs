@@ -335,3 +335,77 @@ async fn a_late_confirmation_recorded_with_a_claim_leaves_a_row_claimed_since() 
         "left to the claim that holds them"
     );
 }
+
+/// A claim that waited for a pooled connection still gets the whole client
+/// bound for its statement, which the server's own `statement_timeout`
+/// undercuts: so whatever the claim's caller was told is what the
+/// database did. Before, the wait for a connection counted against the
+/// client's bound: the client gave up on a claim that the server then
+/// committed, leaving rows leased with an attempt counted and nobody
+/// publishing them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_the_caller_was_told_failed_did_not_lease_rows() {
+    let db = TestDb::migrated().await;
+    let database = DatabaseSettings {
+        database_url: db.url.clone(),
+        table: "outbox_event".into(),
+        database_pooler: "none".to_owned(),
+    }
+    .validate()
+    .expect("valid settings");
+    let store = std::sync::Arc::new(Store::new(&database, 1));
+    // A first claim looks the optional columns up and prepares its
+    // statement on the pool's connection, as a running relay has: the
+    // claim below then waits in its execution, not in its parsing.
+    store
+        .claim(GENEROUS, LEASE, Ordering::None)
+        .await
+        .expect("a first, empty claim");
+    Rows::pending(5).insert(&db).await;
+
+    // The pool's one connection is busy for 8 s...
+    let busy = store.client().await.expect("the pool's connection");
+    let released = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        drop(busy);
+    });
+    // ...and the table locked for 31 s: past the 30 s the client once
+    // allowed in all, before the server's 25 s on the statement itself.
+    let locker = db.connect().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the table");
+    let unlock = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        locker.batch_execute("ROLLBACK").await.expect("unlock");
+    });
+
+    let claimed = store.claim(GENEROUS, LEASE, Ordering::None).await;
+    unlock.await.expect("unlocked");
+    released.await.expect("released");
+    // Whatever the claim statement did commits or rolls back once it is
+    // no longer running.
+    common::eventually(Duration::from_secs(60), "the claim statement has ended", || async {
+        db.client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'outbox-relay' AND state = 'active'",
+                &[],
+            )
+            .await
+            .expect("read activity")
+            .get::<_, i64>(0)
+            == 0
+    })
+    .await;
+    let leased = db.count("attempt_count > 0").await;
+    match claimed {
+        Ok(batch) => assert_eq!(
+            leased,
+            batch.events.len() as i64,
+            "the rows leased are the ones the claim returned"
+        ),
+        Err(e) => assert_eq!(leased, 0, "a claim reported as failed ({e}) leased {leased} rows"),
+    }
+}
