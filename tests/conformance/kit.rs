@@ -123,6 +123,29 @@ impl<B: Broker> Bench<B> {
         self.relay = Some(RelayProcess::start(&self.db, &env));
     }
 
+    /// Starts the relay as [`Bench::start`] does and waits until it has
+    /// delivered a first few rows: the fault a case causes next meets a
+    /// relay that is connected and publishing.
+    pub async fn start_delivering(&mut self, extra: &[(&'static str, &str)]) {
+        let first = self.insert(20, "conformance.before").await;
+        self.start(extra);
+        self.assert_delivered(&first).await;
+    }
+
+    /// Inserts 30 rows of `event_type`, then the row `insert_faulty`
+    /// inserts, then 30 more, so that the faulty row shares its batch;
+    /// returns the faulty row and the others.
+    pub async fn among_good_rows(
+        &self,
+        event_type: &str,
+        insert_faulty: impl std::future::Future<Output = Uuid>,
+    ) -> (Uuid, Vec<Uuid>) {
+        let mut good = self.insert(30, event_type).await;
+        let faulty = insert_faulty.await;
+        good.extend(self.insert(30, event_type).await);
+        (faulty, good)
+    }
+
     /// Inserts `count` rows of `event_type`.
     pub async fn insert(&self, count: usize, event_type: &str) -> Vec<Uuid> {
         self.db.insert_events(count, event_type).await

@@ -128,9 +128,7 @@ async fn no_stream_is_an_outage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_that_cannot_be_reached_is_an_outage() {
     let mut bench = Bench::new(Nats::new(StreamLimits::default()).await.behind_proxy().await).await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[]).await;
     bench.broker.proxy().refuse(true);
     bench.broker.proxy().cut();
     let during = bench.insert(100, "conformance.during").await;
@@ -143,9 +141,7 @@ async fn a_server_that_cannot_be_reached_is_an_outage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_that_stops_answering_is_an_outage() {
     let mut bench = Bench::new(Nats::new(StreamLimits::default()).await.behind_proxy().await).await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[("OUTBOX_PUBLISH_TIMEOUT", "2s")]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[("OUTBOX_PUBLISH_TIMEOUT", "2s")]).await;
     bench.broker.proxy().stall(true);
     let during = bench.insert(100, "conformance.during").await;
     bench.assert_outage("OUTBOX_PUBLISH_TIMEOUT").await;
@@ -170,9 +166,9 @@ async fn a_subject_no_stream_captures_is_the_rows_retry() {
         .await
         .expect("create stream");
     let mut bench = Bench::new(nats).await;
-    let mut good = bench.insert(30, "routed.a").await;
-    let bad = bench.insert(1, "nowhere").await[0];
-    good.extend(bench.insert(30, "routed.b").await);
+    let (bad, good) = bench
+        .among_good_rows("routed.a", async { bench.insert(1, "nowhere").await[0] })
+        .await;
     bench.start(&[]);
     bench
         .assert_row_fault(
@@ -195,15 +191,16 @@ async fn a_message_over_the_stream_limit_is_rejected() {
         .await,
     )
     .await;
-    let mut good = bench.insert(30, "conformance.small").await;
-    let bad = bench
-        .insert_row(
-            "conformance.big",
-            "a",
-            &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)),
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.small",
+            bench.insert_row(
+                "conformance.big",
+                "a",
+                &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)),
+            ),
         )
         .await;
-    good.extend(bench.insert(30, "conformance.small").await);
     bench.start(&[]);
     bench
         .assert_row_fault(bad, RowFault::Reject, "exceeds maximum", &good)

@@ -195,9 +195,7 @@ async fn a_broker_that_cannot_be_reached_is_an_outage() {
             .await,
     )
     .await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[]).await;
     bench.broker.proxy().refuse(true);
     bench.broker.proxy().cut();
     let during = bench.insert(100, "conformance.during").await;
@@ -218,9 +216,7 @@ async fn a_broker_that_stops_answering_is_an_outage() {
             .await,
     )
     .await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[("OUTBOX_PUBLISH_TIMEOUT", "2s")]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[("OUTBOX_PUBLISH_TIMEOUT", "2s")]).await;
     bench.broker.proxy().stall(true);
     let during = bench.insert(100, "conformance.during").await;
     bench.assert_outage("OUTBOX_PUBLISH_TIMEOUT").await;
@@ -234,9 +230,7 @@ async fn a_broker_that_stops_answering_is_an_outage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_exchange_is_an_outage() {
     let mut bench = Bench::new(Rabbit::create("#", FieldTable::default()).await).await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[]).await;
     bench
         .broker
         .channel
@@ -258,9 +252,11 @@ async fn a_deleted_exchange_is_an_outage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unroutable_message_is_the_rows_retry() {
     let mut bench = Bench::new(Rabbit::create("conformance.routed.#", FieldTable::default()).await).await;
-    let mut good = bench.insert(30, "conformance.routed.a").await;
-    let bad = bench.insert(1, "conformance.nowhere").await[0];
-    good.extend(bench.insert(30, "conformance.routed.b").await);
+    let (bad, good) = bench
+        .among_good_rows("conformance.routed.a", async {
+            bench.insert(1, "conformance.nowhere").await[0]
+        })
+        .await;
     bench.start(&[]);
     bench
         .assert_row_fault(bad, RowFault::Retry, "unroutable", &good)
@@ -272,15 +268,16 @@ async fn an_unroutable_message_is_the_rows_retry() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_over_the_configured_limit_is_rejected_before_sending() {
     let mut bench = Bench::new(Rabbit::create("#", FieldTable::default()).await).await;
-    let mut good = bench.insert(30, "conformance.small").await;
-    let bad = bench
-        .insert_row(
-            "conformance.big",
-            "a",
-            &format!("{{\"blob\": \"{}\"}}", "x".repeat(4000)),
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.small",
+            bench.insert_row(
+                "conformance.big",
+                "a",
+                &format!("{{\"blob\": \"{}\"}}", "x".repeat(4000)),
+            ),
         )
         .await;
-    good.extend(bench.insert(30, "conformance.small").await);
     bench.start(&[("OUTBOX_AMQP_MAX_MESSAGE_BYTES", "2048")]);
     bench
         .assert_row_fault(bad, RowFault::Reject, "exceeds", &good)

@@ -382,9 +382,7 @@ async fn unanswered_requests_are_an_outage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deleted_queue_is_an_outage() {
     let mut bench = Bench::new(Sqs::new(None).await).await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[]).await;
     bench.broker.queue_exists(false).await;
     let during = bench.insert(100, "conformance.during").await;
     bench.assert_outage("NonExistentQueue").await;
@@ -396,9 +394,7 @@ async fn a_deleted_queue_is_an_outage() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_endpoint_is_an_outage() {
     let mut bench = Bench::new(Sqs::behind_tcp_proxy().await).await;
-    let first = bench.insert(20, "conformance.before").await;
-    bench.start(&[]);
-    bench.assert_delivered(&first).await;
+    bench.start_delivering(&[]).await;
     let proxy = bench.broker.tcp.as_ref().expect("TCP proxy");
     proxy.refuse(true);
     proxy.cut();
@@ -417,11 +413,12 @@ async fn an_entry_failed_alone_is_the_rows_retry() {
         marker: "poison",
         code: "EntryNotStored",
     });
-    let mut good = bench.insert(30, "conformance.sqs").await;
-    let bad = bench
-        .insert_row("conformance.sqs", "a", r#"{"note": "poison"}"#)
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.sqs",
+            bench.insert_row("conformance.sqs", "a", r#"{"note": "poison"}"#),
+        )
         .await;
-    good.extend(bench.insert(30, "conformance.sqs").await);
     bench.start(&[]);
     bench
         .assert_row_fault(bad, RowFault::Retry, "EntryNotStored", &good)
@@ -432,15 +429,16 @@ async fn an_entry_failed_alone_is_the_rows_retry() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_over_the_queue_limit_is_rejected_before_sending() {
     let mut bench = Bench::new(Sqs::new(Some(1024)).await).await;
-    let mut good = bench.insert(30, "conformance.sqs").await;
-    let bad = bench
-        .insert_row(
+    let (bad, good) = bench
+        .among_good_rows(
             "conformance.sqs",
-            "a",
-            &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)),
+            bench.insert_row(
+                "conformance.sqs",
+                "a",
+                &format!("{{\"blob\": \"{}\"}}", "x".repeat(2000)),
+            ),
         )
         .await;
-    good.extend(bench.insert(30, "conformance.sqs").await);
     bench.start(&[]);
     bench
         .assert_row_fault(bad, RowFault::Reject, "MaximumMessageSize", &good)
