@@ -47,6 +47,7 @@ pub mod var {
     pub const NATS_SUBJECT: &str = "OUTBOX_NATS_SUBJECT";
     pub const NATS_CREDS_FILE: &str = "OUTBOX_NATS_CREDS_FILE";
     pub const NATS_CA_FILE: &str = "OUTBOX_NATS_CA_FILE";
+    pub const NATS_MAX_CONTROL_LINE: &str = "OUTBOX_NATS_MAX_CONTROL_LINE";
     pub const BATCH_SIZE: &str = "OUTBOX_BATCH_SIZE";
     pub const POLL_INTERVAL: &str = "OUTBOX_POLL_INTERVAL";
     pub const MAX_ATTEMPTS: &str = "OUTBOX_MAX_ATTEMPTS";
@@ -216,6 +217,12 @@ pub struct SinkSettings {
     /// the system's CAs when unset.
     #[arg(long, env = var::NATS_CA_FILE)]
     pub nats_ca_file: Option<String>,
+
+    /// The NATS servers' `max_control_line` in bytes (their setting; the
+    /// servers do not announce it): a row whose publish line (subject,
+    /// reply subject, sizes) would be longer is quarantined before sending.
+    #[arg(long, env = var::NATS_MAX_CONTROL_LINE, default_value = "4096")]
+    pub nats_max_control_line: String,
     /// `plain`, or `cloudevents`: CloudEvents 1.0, binary content mode on
     /// RabbitMQ (`ce-` headers), structured content mode on SQS.
     #[arg(long, env = var::MESSAGE_FORMAT, default_value = "plain")]
@@ -270,6 +277,7 @@ impl SinkSettings {
                 non_empty(&self.nats_creds_file),
                 non_empty(&self.nats_ca_file),
             )
+            .and_then(|nats| nats.with_max_control_line(&self.nats_max_control_line))
             .map(SinkConfig::Nats),
             other => Err(ConfigError::new(
                 var::SINK,

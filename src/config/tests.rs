@@ -40,6 +40,7 @@ fn sink_settings() -> SinkSettings {
         nats_subject: "outbox.{event_type}".into(),
         nats_creds_file: None,
         nats_ca_file: None,
+        nats_max_control_line: "4096".into(),
         message_format: "plain".into(),
         cloudevents_source: None,
     }
@@ -220,6 +221,27 @@ fn sink_errors_name_their_variable() {
     let error = bad_nats.validate().unwrap_err();
     assert_eq!(error.variable, "OUTBOX_NATS_URL");
     assert!(!error.to_string().contains("hunter2"), "{error}");
+    for bad in ["4k", "100", ""] {
+        let bad_line = SinkSettings {
+            sink: "nats".into(),
+            nats_max_control_line: bad.into(),
+            ..sink_settings()
+        };
+        assert_eq!(
+            bad_line.validate().unwrap_err().variable,
+            "OUTBOX_NATS_MAX_CONTROL_LINE",
+            "{bad}"
+        );
+    }
+    let lowered = SinkSettings {
+        sink: "nats".into(),
+        nats_max_control_line: "1024".into(),
+        ..sink_settings()
+    };
+    match lowered.validate() {
+        Ok(crate::sink::SinkConfig::Nats(nats)) => assert_eq!(nats.max_control_line, 1024),
+        other => panic!("expected a NATS sink, got {other:?}"),
+    }
 }
 
 #[test]

@@ -344,6 +344,41 @@ pub struct PrivateNats {
 }
 
 impl PrivateNats {
+    /// Starts `nats-server -js` on a free loopback port, plain, with
+    /// `config` (the server's configuration file syntax, e.g.
+    /// `max_control_line: 1024`) for what the shared server is not set to.
+    pub fn start_with(config: &str) -> Self {
+        let nats = program(
+            &["nats-server"],
+            "install it (Debian: apt-get install nats-server)",
+        );
+        let dir = temp_dir("outbox-test-nats");
+        let port = free_port();
+        let log = dir.path.join("nats.log");
+        let store = dir.path.join("jetstream");
+        let config_file = dir.path.join("nats.conf");
+        std::fs::write(&config_file, config).expect("write the NATS configuration");
+        let child = Command::new(nats)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+            .arg("-c")
+            .arg(&config_file)
+            .arg("-sd")
+            .arg(&store)
+            .arg("-l")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        let process = Guard(child);
+        wait_for_port(port, "nats-server", &log);
+        Self {
+            port,
+            _process: process,
+            _dir: dir,
+        }
+    }
+
     /// Starts `nats-server -js` on a free loopback port, requiring TLS and
     /// the user `user` with `password`.
     pub fn start_tls(certs: &Certs, user: &str, password: &str) -> Self {

@@ -15,6 +15,7 @@ use uuid::Uuid;
 use super::kit::{Bench, Broker, RowFault};
 use crate::common::nats::nats_addr;
 use crate::common::proxy::Proxy;
+use crate::common::servers::PrivateNats;
 use crate::common::{nats_url, StreamLimits, TestStream};
 
 /// A stream of the case's own (or only its name, until it is added).
@@ -222,6 +223,35 @@ async fn a_subject_over_the_control_line_is_rejected_before_sending() {
     bench.start(&[]);
     bench
         .assert_row_fault(bad, RowFault::Reject, "subject", &good)
+        .await;
+}
+
+/// A server whose `max_control_line` is set below the default, which the
+/// relay is told (`OUTBOX_NATS_MAX_CONTROL_LINE`): a subject that fits the
+/// default but not this server is refused before sending.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subject_over_a_lowered_control_line_is_rejected_before_sending() {
+    let server = PrivateNats::start_with("max_control_line: 1024");
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let stream = TestStream::unnamed(&url, TestStream::connect(&url).await);
+    stream.add(&StreamLimits::default()).await;
+    let subject = format!("{}.{{aggregate_id}}", stream.prefix);
+    let mut bench = Bench::new(Nats {
+        stream,
+        subject,
+        proxy: None,
+        drain: false,
+    })
+    .await;
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.short",
+            bench.insert_row("conformance.long", &"a".repeat(2000), r#"{"n": 1}"#),
+        )
+        .await;
+    bench.start(&[("OUTBOX_NATS_MAX_CONTROL_LINE", "1024")]);
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "max_control_line of 1024", &good)
         .await;
 }
 

@@ -52,6 +52,10 @@ pub struct NatsConfig {
     /// TLS set-up for `tls://` servers (or when the server requires TLS):
     /// the CA file's roots, or the system's.
     pub tls: Option<NatsTls>,
+    /// The servers' `max_control_line` (`OUTBOX_NATS_MAX_CONTROL_LINE`):
+    /// a publish whose protocol line would be longer is refused before
+    /// sending, since the server would close the connection on it.
+    pub max_control_line: usize,
 }
 
 /// TLS towards NATS: the CA file it was read from, and the rustls set-up.
@@ -69,6 +73,7 @@ impl PartialEq for NatsConfig {
             && self.auth == other.auth
             && self.subject == other.subject
             && self.tls.as_ref().map(|t| &t.ca_file) == other.tls.as_ref().map(|t| &t.ca_file)
+            && self.max_control_line == other.max_control_line
     }
 }
 
@@ -142,7 +147,28 @@ impl NatsConfig {
             auth,
             subject,
             tls,
+            max_control_line: super::message::MAX_CONTROL_LINE,
         })
+    }
+
+    /// Sets the servers' `max_control_line` from `OUTBOX_NATS_MAX_CONTROL_LINE`
+    /// (bytes; at least 512, as a publish line with a short subject needs
+    /// about 100).
+    pub fn with_max_control_line(mut self, raw: &str) -> Result<Self, ConfigError> {
+        let bytes: usize = raw.trim().parse().map_err(|_| {
+            ConfigError::new(
+                var::NATS_MAX_CONTROL_LINE,
+                format!("'{raw}' is not a number of bytes (the servers' max_control_line, 4096 by default)"),
+            )
+        })?;
+        if bytes < 512 {
+            return Err(ConfigError::new(
+                var::NATS_MAX_CONTROL_LINE,
+                format!("{bytes} is below 512 bytes; give the servers' max_control_line (4096 by default)"),
+            ));
+        }
+        self.max_control_line = bytes;
+        Ok(self)
     }
 
     /// The server list for logs and errors (never carries credentials).

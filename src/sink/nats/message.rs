@@ -79,10 +79,11 @@ pub(super) fn wire_size(headers: &HeaderMap, payload: &str) -> usize {
 /// (`HPUB <subject> <reply> <header bytes> <total bytes>`) it reads before
 /// closing the connection with "Maximum Control Line Exceeded". Unlike
 /// `max_payload`, the server does not announce it in its INFO (async-nats's
-/// `ServerInfo` has no such field), so the default is assumed. A server
-/// set lower than the default would still close the connection on a long
-/// subject; a server set higher only sees such rows refused sooner.
-pub(super) const MAX_CONTROL_LINE: usize = 4096;
+/// `ServerInfo` has no such field), so the relay is told it
+/// (`OUTBOX_NATS_MAX_CONTROL_LINE`) and assumes the default otherwise: a
+/// server set lower than the relay was told would close the connection on
+/// a long subject; one set higher only sees such rows refused sooner.
+pub const MAX_CONTROL_LINE: usize = 4096;
 
 /// Room kept in the control line for the reply subject async-nats gives
 /// each publish, `_INBOX.<22-character nuid>.<22-character nuid>` (52
@@ -126,6 +127,7 @@ pub(super) fn prepare(
     event: &Event,
     subject: &RoutingKeyTemplate,
     max_payload: usize,
+    max_control_line: usize,
 ) -> Result<Prepared, String> {
     for (name, value) in [
         ("event_type", &event.event_type),
@@ -150,12 +152,12 @@ pub(super) fn prepare(
         ));
     }
     let line = control_line_len(&rendered, header_bytes, size);
-    if line > MAX_CONTROL_LINE {
+    if line > max_control_line {
         return Err(format!(
             "subject '{shown}' is {} bytes long: its publish would be a protocol line of {line} bytes \
              (with the reply subject and sizes), over the NATS server's max_control_line of \
-             {MAX_CONTROL_LINE} bytes (its default; servers do not announce it), so the server \
-             would close the connection",
+             {max_control_line} bytes (OUTBOX_NATS_MAX_CONTROL_LINE; servers do not announce it), \
+             so the server would close the connection",
             rendered.len()
         ));
     }
@@ -219,7 +221,7 @@ mod tests {
             ),
             ("tenant".into(), "acme".into()),
         ]);
-        let prepared = prepare(&e, &subject, 4096).unwrap();
+        let prepared = prepare(&e, &subject, 4096, MAX_CONTROL_LINE).unwrap();
         assert_eq!(prepared.headers.get("tenant").unwrap().as_str(), "acme");
         assert!(prepared.headers.get("traceparent").is_some());
         for (name, value, says) in [
@@ -229,7 +231,7 @@ mod tests {
             ("tenant", "a\r\nb", "line break"),
         ] {
             e.headers = crate::headers::Headers::from_pairs(vec![(name.into(), value.into())]);
-            let reason = prepare(&e, &subject, 4096).unwrap_err();
+            let reason = prepare(&e, &subject, 4096, MAX_CONTROL_LINE).unwrap_err();
             assert!(reason.contains(says), "{name}: {reason}");
         }
     }
@@ -245,36 +247,54 @@ mod tests {
     #[test]
     fn rows_that_can_never_be_published_are_named() {
         let subject = template("outbox.{event_type}");
-        let ok = prepare(&event("order.paid", "a", "{}"), &subject, 1024).unwrap();
+        let ok = prepare(&event("order.paid", "a", "{}"), &subject, 1024, MAX_CONTROL_LINE).unwrap();
         assert_eq!(ok.subject, "outbox.order.paid");
         let big = event("order.paid", "a", &"x".repeat(1024));
-        assert!(prepare(&big, &subject, 1024)
+        assert!(prepare(&big, &subject, 1024, MAX_CONTROL_LINE)
             .unwrap_err()
             .contains("max_payload of 1024"));
-        let fits = prepare(&big, &subject, 4096);
+        let fits = prepare(&big, &subject, 4096, MAX_CONTROL_LINE);
         assert!(fits.is_ok());
-        assert!(prepare(&event("order paid", "a", "{}"), &subject, 1024)
-            .unwrap_err()
-            .contains("white space"));
-        assert!(prepare(&event("order.", "a", "{}"), &subject, 1024)
-            .unwrap_err()
-            .contains("empty token"));
-        assert!(prepare(&event("*", "a", "{}"), &subject, 1024)
+        assert!(
+            prepare(&event("order paid", "a", "{}"), &subject, 1024, MAX_CONTROL_LINE)
+                .unwrap_err()
+                .contains("white space")
+        );
+        assert!(
+            prepare(&event("order.", "a", "{}"), &subject, 1024, MAX_CONTROL_LINE)
+                .unwrap_err()
+                .contains("empty token")
+        );
+        assert!(prepare(&event("*", "a", "{}"), &subject, 1024, MAX_CONTROL_LINE)
             .unwrap_err()
             .contains("wildcard"));
         let by_aggregate = template("events.{aggregate_id}");
-        assert!(prepare(&event("t", "a\r\nX-Evil: 1", "{}"), &by_aggregate, 1024)
-            .unwrap_err()
-            .contains("line break"));
-        assert!(prepare(&event("t", "a\u{7}b", "{}"), &by_aggregate, 1024)
-            .unwrap_err()
-            .contains("control character"));
-        assert!(prepare(&event("t", "a.>", "{}"), &by_aggregate, 1024)
-            .unwrap_err()
-            .contains("wildcard token '>'"));
-        assert!(prepare(&event("t", ".a", "{}"), &by_aggregate, 1024)
-            .unwrap_err()
-            .contains("empty token"));
+        assert!(prepare(
+            &event("t", "a\r\nX-Evil: 1", "{}"),
+            &by_aggregate,
+            1024,
+            MAX_CONTROL_LINE
+        )
+        .unwrap_err()
+        .contains("line break"));
+        assert!(prepare(
+            &event("t", "a\u{7}b", "{}"),
+            &by_aggregate,
+            1024,
+            MAX_CONTROL_LINE
+        )
+        .unwrap_err()
+        .contains("control character"));
+        assert!(
+            prepare(&event("t", "a.>", "{}"), &by_aggregate, 1024, MAX_CONTROL_LINE)
+                .unwrap_err()
+                .contains("wildcard token '>'")
+        );
+        assert!(
+            prepare(&event("t", ".a", "{}"), &by_aggregate, 1024, MAX_CONTROL_LINE)
+                .unwrap_err()
+                .contains("empty token")
+        );
     }
 
     #[test]
@@ -294,7 +314,7 @@ mod tests {
         let by_aggregate = template("events.{aggregate_id}");
         let max_payload = 1024 * 1024;
         let long = event("order.paid", &"a".repeat(5000), "{}");
-        let reason = prepare(&long, &by_aggregate, max_payload).unwrap_err();
+        let reason = prepare(&long, &by_aggregate, max_payload, MAX_CONTROL_LINE).unwrap_err();
         assert!(reason.contains("max_control_line of 4096 bytes"), "{reason}");
         assert!(reason.contains("5007 bytes long"), "{reason}");
         assert!(reason.len() < 600, "the reason stays short: {reason}");
@@ -309,9 +329,9 @@ mod tests {
         let longest = (1..4096).rev().find(|&n| fits(&"a".repeat(n))).unwrap();
         assert!(longest > 3800, "generous, not stingy: {longest}");
         let at_limit = event("order.paid", &"a".repeat(longest), "{}");
-        assert!(prepare(&at_limit, &by_aggregate, max_payload).is_ok());
+        assert!(prepare(&at_limit, &by_aggregate, max_payload, MAX_CONTROL_LINE).is_ok());
         let over = event("order.paid", &"a".repeat(longest + 1), "{}");
-        assert!(prepare(&over, &by_aggregate, max_payload)
+        assert!(prepare(&over, &by_aggregate, max_payload, MAX_CONTROL_LINE)
             .unwrap_err()
             .contains("max_control_line"));
     }

@@ -43,7 +43,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::{debug, info};
 
 pub use config::{NatsAuth, NatsConfig, NatsTls};
-pub use message::headers;
+pub use message::{headers, MAX_CONTROL_LINE};
 
 use super::{Breaker, Outcome, Sink, SinkError};
 use crate::event::Event;
@@ -226,7 +226,12 @@ impl NatsSink {
         let mut waiting = FuturesUnordered::new();
         let mut no_responders = Vec::new();
         for (index, event) in events.iter().enumerate() {
-            let prepared = match message::prepare(event, &self.config.subject, max_payload) {
+            let prepared = match message::prepare(
+                event,
+                &self.config.subject,
+                max_payload,
+                self.config.max_control_line,
+            ) {
                 Ok(prepared) => prepared,
                 Err(reason) => {
                     outcomes[index] = Some(Outcome::Reject(reason));
