@@ -92,6 +92,15 @@ pub(super) fn precheck(
             routing_key.len()
         ));
     }
+    // On the default exchange the routing key names a queue, and the
+    // server's own queues (`amq.rabbitmq.reply-to…`, other `amq.` names)
+    // are not an event's to address.
+    if config.exchange.is_empty() && routing_key.starts_with("amq.") {
+        return Err(format!(
+            "routing key '{}' names a server queue (amq.*) on the default exchange",
+            printable(&routing_key)
+        ));
+    }
     check_headers(event, format)?;
     let frame = header_frame_bytes(event, format);
     if frame > frame_max {
@@ -214,6 +223,20 @@ mod tests {
                 AMQPValue::LongString(text) => text.to_string(),
                 other => format!("{other:?}"),
             })
+    }
+
+    #[test]
+    fn on_the_default_exchange_an_event_cannot_address_the_servers_queues() {
+        let mut reply_to = event(&[]);
+        reply_to.event_type = "amq.rabbitmq.reply-to.g2dkABNyYWJiaXRAbG9jYWxob3N0".into();
+        let default_exchange = AmqpConfig::parse("amqp://localhost", "", "{event_type}", "1000").unwrap();
+        let refused = precheck(&reply_to, &default_exchange, &MessageFormat::Plain, 131_072).unwrap_err();
+        assert!(refused.contains("amq.*"), "{refused}");
+        // On a named exchange a key only picks among its bindings.
+        assert!(precheck(&reply_to, &config(), &MessageFormat::Plain, 131_072).is_ok());
+        let mut ordinary = event(&[]);
+        ordinary.event_type = "orders".into();
+        assert!(precheck(&ordinary, &default_exchange, &MessageFormat::Plain, 131_072).is_ok());
     }
 
     #[test]
