@@ -255,6 +255,42 @@ async fn a_subject_over_a_lowered_control_line_is_rejected_before_sending() {
         .await;
 }
 
+/// The same server, the relay not told: the server closes the connection
+/// on the long subject, failing the acknowledgements of everything in
+/// flight. The relay publishes the unanswered messages again alone on the
+/// connection, in halves, until the one the server closes it on stands
+/// alone: it is quarantined with the server's error, the others published.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_the_server_closes_the_connection_on_is_isolated() {
+    let server = PrivateNats::start_with("max_control_line: 1024");
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let stream = TestStream::unnamed(&url, TestStream::connect(&url).await);
+    stream.add(&StreamLimits::default()).await;
+    let subject = format!("{}.{{aggregate_id}}", stream.prefix);
+    let mut bench = Bench::new(Nats {
+        stream,
+        subject,
+        proxy: None,
+        drain: false,
+    })
+    .await;
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.short",
+            bench.insert_row("conformance.long", &"a".repeat(2000), r#"{"n": 1}"#),
+        )
+        .await;
+    bench.start(&[]);
+    bench
+        .assert_row_fault(
+            bad,
+            RowFault::Reject,
+            "closed the connection on this message",
+            &good,
+        )
+        .await;
+}
+
 impl Drop for Nats {
     fn drop(&mut self) {
         // The stream goes with the case; TestStream::cleanup is async, so

@@ -11,10 +11,14 @@
 //! larger than the server's `max_payload` (from its INFO), or whose subject
 //! makes the publish's control line longer than the server's
 //! `max_control_line`, would make the server close the connection and fail
-//! its batch-mates, so it is rejected without being sent. The rest are all sent before any acknowledgement is
-//! awaited, then the answers are matched to their rows by position (each
-//! publish is a request with an inbox of its own), up to the deadline.
-//! [`errors`] says whose fault each refusal is.
+//! its batch-mates, so it is rejected without being sent. The rest are all
+//! sent before any acknowledgement is awaited, then the answers are matched
+//! to their rows by position (each publish is a request with an inbox of
+//! its own), up to the deadline. [`errors`] says whose fault each refusal
+//! is. Should the server still close the connection on a message (a limit
+//! the relay could not know), [`closes`] tells so, and the unanswered
+//! messages are published again alone, in halves, until the culprit stands
+//! alone and is rejected.
 //!
 //! "No responders" means no stream captures the subject, or JetStream does
 //! not answer for it. The JetStream API tells the two apart: when some
@@ -26,12 +30,14 @@
 //! The relay never creates streams: operators own them (retention,
 //! replicas, the duplicate window).
 
+mod closes;
 mod config;
 mod errors;
 mod message;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishAckFuture};
@@ -47,6 +53,7 @@ pub use message::{headers, MAX_CONTROL_LINE};
 
 use super::{Breaker, Outcome, Sink, SinkError};
 use crate::event::Event;
+use closes::ProtocolErrors;
 use errors::{classify, describe, Verdict};
 
 /// How long a successful look at the streams stands for [`Sink::ready`],
@@ -55,6 +62,10 @@ const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
 /// Bound of a JetStream API request (the stream lookup) and of connecting.
 const API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a batch waiting for acknowledgements looks whether the
+/// server closed the connection on something sent.
+const CLOSE_CHECK: Duration = Duration::from_millis(100);
 
 /// The largest `max_payload` a NATS server accepts (64 MiB): the claim's
 /// bound before the server's own value is known.
@@ -73,6 +84,12 @@ pub struct NatsSink {
     /// The server's `max_payload`, as of its last INFO.
     max_payload: AtomicUsize,
     breaker: Breaker,
+    /// `-ERR`s the server closed the connection with (see `closes.rs`).
+    protocol_errors: Arc<ProtocolErrors>,
+    /// Batches publish side by side (shared); isolating the message a
+    /// server closed the connection on publishes alone (exclusive), so
+    /// that a close can only be the group's being isolated.
+    isolation: tokio::sync::RwLock<()>,
 }
 
 impl NatsSink {
@@ -86,6 +103,8 @@ impl NatsSink {
             stream_seen: Mutex::new(None),
             max_payload: AtomicUsize::new(LARGEST_MAX_PAYLOAD),
             breaker: Breaker::default(),
+            protocol_errors: Arc::default(),
+            isolation: tokio::sync::RwLock::new(()),
         }
     }
 
@@ -108,9 +127,18 @@ impl NatsSink {
 
     async fn connect(&self) -> Result<Client, SinkError> {
         let servers = self.config.describe_servers();
+        let protocol_errors = self.protocol_errors.clone();
         let mut options = ConnectOptions::new()
             .name("outbox-relay")
-            .connection_timeout(API_TIMEOUT);
+            .connection_timeout(API_TIMEOUT)
+            .event_callback(move |event| {
+                let protocol_errors = protocol_errors.clone();
+                async move {
+                    if let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) = event {
+                        protocol_errors.record(&text);
+                    }
+                }
+            });
         options = match &self.config.auth {
             NatsAuth::None => options,
             NatsAuth::UserPassword(user, password) => {
@@ -194,13 +222,27 @@ impl NatsSink {
     }
 
     async fn publish_batch(&self, events: &[Event], deadline: tokio::time::Instant) -> Vec<Outcome> {
-        let outcomes = match self.context().await {
+        let started = Instant::now();
+        let mut outcomes = match self.context().await {
             Ok(context) => match self.check_connection(&context) {
-                Ok(max_payload) => self.publish_on(&context, events, max_payload, deadline).await,
+                Ok(max_payload) => {
+                    let _shared = self.isolation.read().await;
+                    self.publish_on(&context, events, max_payload, deadline, started)
+                        .await
+                }
                 Err(e) => vec![Outcome::Deferred(e.0); events.len()],
             },
             Err(e) => vec![Outcome::Deferred(e.0); events.len()],
         };
+        if let Some(error) = self.protocol_errors.since(started) {
+            if outcomes
+                .iter()
+                .any(|outcome| matches!(outcome, Outcome::Deferred(_)))
+            {
+                debug!(%error, "the NATS server closed the connection on something this batch sent; publishing the unanswered messages in halves");
+                self.isolate(events, &mut outcomes, deadline).await;
+            }
+        }
         // Every deferral is the server's or the network's doing.
         match outcomes.iter().find_map(|outcome| match outcome {
             Outcome::Deferred(reason) => Some(reason),
@@ -212,12 +254,80 @@ impl NatsSink {
         outcomes
     }
 
+    /// Publishes the deferred rows of a batch whose connection the server
+    /// closed with a protocol error, alone on the connection, in halves:
+    /// a group the server closes the connection on again is split until
+    /// the message stands alone, and is rejected with the server's error;
+    /// the others get their own answers. What the deadline leaves
+    /// unsettled stays deferred.
+    async fn isolate(&self, events: &[Event], outcomes: &mut [Outcome], deadline: tokio::time::Instant) {
+        let _alone = self.isolation.write().await;
+        let suspects: Vec<usize> = (0..events.len())
+            .filter(|&index| matches!(outcomes[index], Outcome::Deferred(_)))
+            .collect();
+        let mut groups = VecDeque::from([suspects]);
+        while let Some(group) = groups.pop_front() {
+            if group.is_empty() {
+                continue;
+            }
+            let Some((context, max_payload)) = self.reconnected(deadline).await else {
+                return;
+            };
+            let started = Instant::now();
+            let batch: Vec<Event> = group.iter().map(|&index| events[index].clone()).collect();
+            let answers = self
+                .publish_on(&context, &batch, max_payload, deadline, started)
+                .await;
+            let closed_by = self.protocol_errors.since(started);
+            let mut unsettled = Vec::new();
+            for (&index, answer) in group.iter().zip(answers) {
+                match (&closed_by, answer) {
+                    (Some(_), Outcome::Deferred(_)) => unsettled.push(index),
+                    (_, answer) => outcomes[index] = answer,
+                }
+            }
+            match (closed_by, unsettled.len()) {
+                (_, 0) | (None, _) => {}
+                (Some(error), 1) => {
+                    outcomes[unsettled[0]] = Outcome::Reject(format!(
+                        "the NATS server closed the connection on this message: {error}"
+                    ));
+                }
+                (Some(_), _) => {
+                    let second = unsettled.split_off(unsettled.len() / 2);
+                    groups.push_front(second);
+                    groups.push_front(unsettled);
+                }
+            }
+        }
+    }
+
+    /// The context once the client has reconnected, with the server's
+    /// `max_payload`; `None` if that does not happen by `deadline`.
+    async fn reconnected(&self, deadline: tokio::time::Instant) -> Option<(Context, usize)> {
+        let context = self.context().await.ok()?;
+        loop {
+            if let Ok(max_payload) = self.check_connection(&context) {
+                return Some((context, max_payload));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Publishes `events` on `context` and collects their answers until
+    /// `deadline`, or until the server closes the connection with a
+    /// protocol error after `started` (the answers still missing then will
+    /// not come).
     async fn publish_on(
         &self,
         context: &Context,
         events: &[Event],
         max_payload: usize,
         deadline: tokio::time::Instant,
+        started: Instant,
     ) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
         let mut subjects: Vec<Option<String>> = vec![None; events.len()];
@@ -255,7 +365,14 @@ impl NatsSink {
         }
         // Answers that came before the deadline stand; the rest stay
         // unanswered (deferred), so a stored message is not charged.
-        while let Ok(Some((index, answer))) = tokio::time::timeout_at(deadline, waiting.next()).await {
+        loop {
+            let wait_until = deadline.min(tokio::time::Instant::now() + CLOSE_CHECK);
+            let (index, answer) = match tokio::time::timeout_at(wait_until, waiting.next()).await {
+                Ok(Some(answered)) => answered,
+                Ok(None) => break,
+                Err(_) if wait_until >= deadline || self.protocol_errors.since(started).is_some() => break,
+                Err(_) => continue,
+            };
             outcomes[index] = Some(match answer {
                 Ok(ack) => {
                     if ack.duplicate {
