@@ -244,14 +244,18 @@ impl<B: Broker> Bench<B> {
     /// the relay stays live, and it asks the broker and updates rows at a
     /// bounded rate.
     pub async fn assert_outage(&self, reason: &str) {
+        let last = std::sync::Mutex::new(None);
         eventually(
             WAIT,
             &format!("/readyz answers 503 naming \"{reason}\""),
             || async {
                 let answer = self.get("/readyz").await;
                 let hit = matches!(&answer, Some((503, body)) if body.contains(reason));
-                if !hit {
+                // Each different answer once, for a failure's story.
+                let mut last = last.lock().expect("last answer");
+                if !hit && *last != answer {
                     eprintln!("/readyz: {answer:?}");
+                    *last = answer;
                 }
                 hit
             },
