@@ -348,40 +348,34 @@ impl PrivateNats {
     /// `config` (the server's configuration file syntax, e.g.
     /// `max_control_line: 1024`) for what the shared server is not set to.
     pub fn start_with(config: &str) -> Self {
-        let nats = program(
-            &["nats-server"],
-            "install it (Debian: apt-get install nats-server)",
-        );
-        let dir = temp_dir("outbox-test-nats");
-        let port = free_port();
-        let log = dir.path.join("nats.log");
-        let store = dir.path.join("jetstream");
-        let config_file = dir.path.join("nats.conf");
-        std::fs::write(&config_file, config).expect("write the NATS configuration");
-        let child = Command::new(nats)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
-            .arg("-c")
-            .arg(&config_file)
-            .arg("-sd")
-            .arg(&store)
-            .arg("-l")
-            .arg(&log)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nats-server");
-        let process = Guard(child);
-        wait_for_port(port, "nats-server", &log);
-        Self {
-            port,
-            _process: process,
-            _dir: dir,
-        }
+        Self::start(|dir| {
+            let config_file = dir.join("nats.conf");
+            std::fs::write(&config_file, config).expect("write the NATS configuration");
+            vec!["-c".into(), config_file.into_os_string()]
+        })
     }
 
     /// Starts `nats-server -js` on a free loopback port, requiring TLS and
     /// the user `user` with `password`.
     pub fn start_tls(certs: &Certs, user: &str, password: &str) -> Self {
+        Self::start(|_| {
+            [
+                "--tls",
+                "--tlscert",
+                &certs.path("server.pem"),
+                "--tlskey",
+                &certs.path("server.key"),
+            ]
+            .into_iter()
+            .chain(["--user", user, "--pass", password])
+            .map(Into::into)
+            .collect()
+        })
+    }
+
+    /// Starts `nats-server -js` on a free loopback port with the arguments
+    /// `more` gives for the server's own directory.
+    fn start(more: impl FnOnce(&std::path::Path) -> Vec<std::ffi::OsString>) -> Self {
         let nats = program(
             &["nats-server"],
             "install it (Debian: apt-get install nats-server)",
@@ -391,14 +385,8 @@ impl PrivateNats {
         let log = dir.path.join("nats.log");
         let store = dir.path.join("jetstream");
         let child = Command::new(nats)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
-            .args([
-                "--tlscert",
-                &certs.path("server.pem"),
-                "--tlskey",
-                &certs.path("server.key"),
-            ])
-            .args(["--user", user, "--pass", password])
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(more(&dir.path))
             .arg("-sd")
             .arg(&store)
             .arg("-l")

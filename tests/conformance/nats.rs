@@ -53,6 +53,20 @@ impl Nats {
         }
     }
 
+    /// A stream on `server`, the subject template `<prefix>.{aggregate_id}`.
+    async fn by_aggregate_on(server: &PrivateNats) -> Self {
+        let url = format!("nats://127.0.0.1:{}", server.port);
+        let stream = TestStream::unnamed(&url, TestStream::connect(&url).await);
+        stream.add(&StreamLimits::default()).await;
+        let subject = format!("{}.{{aggregate_id}}", stream.prefix);
+        Self {
+            stream,
+            subject,
+            proxy: None,
+            drain: false,
+        }
+    }
+
     async fn behind_proxy(mut self) -> Self {
         self.proxy = Some(Proxy::start(nats_addr()).await);
         self
@@ -232,17 +246,7 @@ async fn a_subject_over_the_control_line_is_rejected_before_sending() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_subject_over_a_lowered_control_line_is_rejected_before_sending() {
     let server = PrivateNats::start_with("max_control_line: 1024");
-    let url = format!("nats://127.0.0.1:{}", server.port);
-    let stream = TestStream::unnamed(&url, TestStream::connect(&url).await);
-    stream.add(&StreamLimits::default()).await;
-    let subject = format!("{}.{{aggregate_id}}", stream.prefix);
-    let mut bench = Bench::new(Nats {
-        stream,
-        subject,
-        proxy: None,
-        drain: false,
-    })
-    .await;
+    let mut bench = Bench::new(Nats::by_aggregate_on(&server).await).await;
     let (bad, good) = bench
         .among_good_rows(
             "conformance.short",
@@ -263,17 +267,7 @@ async fn a_subject_over_a_lowered_control_line_is_rejected_before_sending() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_the_server_closes_the_connection_on_is_isolated() {
     let server = PrivateNats::start_with("max_control_line: 1024");
-    let url = format!("nats://127.0.0.1:{}", server.port);
-    let stream = TestStream::unnamed(&url, TestStream::connect(&url).await);
-    stream.add(&StreamLimits::default()).await;
-    let subject = format!("{}.{{aggregate_id}}", stream.prefix);
-    let mut bench = Bench::new(Nats {
-        stream,
-        subject,
-        proxy: None,
-        drain: false,
-    })
-    .await;
+    let mut bench = Bench::new(Nats::by_aggregate_on(&server).await).await;
     let (bad, good) = bench
         .among_good_rows(
             "conformance.short",
