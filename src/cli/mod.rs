@@ -54,12 +54,13 @@ impl RunArgs {
     /// Validates everything, before anything connects.
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let database = self.database.validate()?;
+        let relay = self.relay.validate()?;
         Ok(Config {
             listen: self.listen.validate(&database)?,
             database,
-            sink: self.sink.validate()?,
+            sink: self.sink.validate()?.with_publish_timeout(relay.publish_timeout),
             format: self.sink.format()?,
-            relay: self.relay.validate()?,
+            relay,
             retention: self.service.retention()?,
             http_addr: self.service.http_addr()?,
         })

@@ -17,8 +17,13 @@ use thiserror::Error;
 
 use crate::cloudevents::MessageFormat;
 use crate::relay::{OnPublish, RelayConfig};
+#[cfg(feature = "rabbitmq")]
 use crate::sink::amqp::AmqpConfig;
+#[cfg(feature = "kafka")]
+use crate::sink::kafka::{KafkaConfig, KafkaSettings};
+#[cfg(feature = "nats")]
 use crate::sink::nats::NatsConfig;
+#[cfg(feature = "sqs")]
 use crate::sink::sqs::SqsConfig;
 use crate::sink::SinkConfig;
 use crate::store::{DatabaseConfig, Endpoint, Ordering, Pooler};
@@ -48,6 +53,16 @@ pub mod var {
     pub const NATS_CREDS_FILE: &str = "OUTBOX_NATS_CREDS_FILE";
     pub const NATS_CA_FILE: &str = "OUTBOX_NATS_CA_FILE";
     pub const NATS_MAX_CONTROL_LINE: &str = "OUTBOX_NATS_MAX_CONTROL_LINE";
+    pub const KAFKA_BROKERS: &str = "OUTBOX_KAFKA_BROKERS";
+    pub const KAFKA_TOPIC: &str = "OUTBOX_KAFKA_TOPIC";
+    pub const KAFKA_SECURITY_PROTOCOL: &str = "OUTBOX_KAFKA_SECURITY_PROTOCOL";
+    pub const KAFKA_SASL_MECHANISM: &str = "OUTBOX_KAFKA_SASL_MECHANISM";
+    pub const KAFKA_SASL_USERNAME: &str = "OUTBOX_KAFKA_SASL_USERNAME";
+    pub const KAFKA_SASL_PASSWORD: &str = "OUTBOX_KAFKA_SASL_PASSWORD";
+    pub const KAFKA_CA_FILE: &str = "OUTBOX_KAFKA_CA_FILE";
+    pub const KAFKA_CLIENT_CERT_FILE: &str = "OUTBOX_KAFKA_CLIENT_CERT_FILE";
+    pub const KAFKA_CLIENT_KEY_FILE: &str = "OUTBOX_KAFKA_CLIENT_KEY_FILE";
+    pub const KAFKA_PROPERTIES: &str = "OUTBOX_KAFKA_PROPERTIES";
     pub const BATCH_SIZE: &str = "OUTBOX_BATCH_SIZE";
     pub const POLL_INTERVAL: &str = "OUTBOX_POLL_INTERVAL";
     pub const MAX_ATTEMPTS: &str = "OUTBOX_MAX_ATTEMPTS";
@@ -148,7 +163,7 @@ impl ListenSettings {
 /// Settings of the sink the relay publishes to.
 #[derive(Debug, Clone, Args)]
 pub struct SinkSettings {
-    /// Where events go: `rabbitmq`, `sqs` or `nats`.
+    /// Where events go: `rabbitmq`, `sqs`, `nats` or `kafka`.
     #[arg(long, env = var::SINK, default_value = "rabbitmq")]
     pub sink: String,
 
@@ -223,8 +238,54 @@ pub struct SinkSettings {
     /// reply subject, sizes) would be longer is quarantined before sending.
     #[arg(long, env = var::NATS_MAX_CONTROL_LINE, default_value = "4096")]
     pub nats_max_control_line: String,
+
+    /// Kafka bootstrap servers, `host:port,…`; required with `OUTBOX_SINK=kafka`.
+    #[arg(long, env = var::KAFKA_BROKERS)]
+    pub kafka_brokers: Option<String>,
+
+    /// Topic template; `{event_type}` and `{aggregate_id}` are substituted.
+    /// Topics must exist: the relay never creates one.
+    #[arg(long, env = var::KAFKA_TOPIC, default_value = "outbox.{event_type}")]
+    pub kafka_topic: String,
+
+    /// `plaintext`, `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    #[arg(long, env = var::KAFKA_SECURITY_PROTOCOL, default_value = "plaintext")]
+    pub kafka_security_protocol: String,
+
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`, with `sasl_*`.
+    #[arg(long, env = var::KAFKA_SASL_MECHANISM)]
+    pub kafka_sasl_mechanism: Option<String>,
+
+    /// SASL user name.
+    #[arg(long, env = var::KAFKA_SASL_USERNAME)]
+    pub kafka_sasl_username: Option<String>,
+
+    /// SASL password (give it from a Secret; never logged).
+    #[arg(long, env = var::KAFKA_SASL_PASSWORD, hide_env_values = true)]
+    pub kafka_sasl_password: Option<String>,
+
+    /// PEM CA bundle the brokers' certificates must chain to (`ssl`,
+    /// `sasl_ssl`); the system's CAs when unset.
+    #[arg(long, env = var::KAFKA_CA_FILE)]
+    pub kafka_ca_file: Option<String>,
+
+    /// PEM client certificate for mutual TLS with the brokers.
+    #[arg(long, env = var::KAFKA_CLIENT_CERT_FILE)]
+    pub kafka_client_cert_file: Option<String>,
+
+    /// PEM private key of the client certificate.
+    #[arg(long, env = var::KAFKA_CLIENT_KEY_FILE)]
+    pub kafka_client_key_file: Option<String>,
+
+    /// Other librdkafka producer properties, `key=value,…` (`linger.ms`,
+    /// `compression.type`, `message.max.bytes`, …); those the relay's
+    /// guarantees rest on are refused.
+    #[arg(long, env = var::KAFKA_PROPERTIES)]
+    pub kafka_properties: Option<String>,
+
     /// `plain`, or `cloudevents`: CloudEvents 1.0, binary content mode on
-    /// RabbitMQ (`ce-` headers), structured content mode on SQS.
+    /// RabbitMQ (`ce-` headers) and Kafka (`ce_` headers), structured
+    /// content mode on SQS.
     #[arg(long, env = var::MESSAGE_FORMAT, default_value = "plain")]
     pub message_format: String,
 
@@ -250,9 +311,11 @@ impl SinkSettings {
         Ok(format)
     }
 
-    /// Validates the settings of the chosen sink (only those).
+    /// Validates the settings of the chosen sink (only those). A sink this
+    /// binary was built without is refused, naming its cargo feature.
     pub fn validate(&self) -> Result<SinkConfig, ConfigError> {
         match self.sink.trim() {
+            #[cfg(feature = "rabbitmq")]
             "rabbitmq" => AmqpConfig::parse(
                 &self.amqp_url,
                 &self.amqp_exchange,
@@ -267,10 +330,12 @@ impl SinkSettings {
                 )
             })
             .map(SinkConfig::RabbitMq),
+            #[cfg(feature = "sqs")]
             "sqs" => {
                 SqsConfig::from_settings(self.sqs_queue_url.as_deref(), self.sqs_endpoint_url.as_deref())
                     .map(SinkConfig::Sqs)
             }
+            #[cfg(feature = "nats")]
             "nats" => NatsConfig::parse(
                 &self.nats_url,
                 &self.nats_subject,
@@ -279,9 +344,29 @@ impl SinkSettings {
             )
             .and_then(|nats| nats.with_max_control_line(&self.nats_max_control_line))
             .map(SinkConfig::Nats),
+            #[cfg(feature = "kafka")]
+            "kafka" => KafkaConfig::parse(&KafkaSettings {
+                brokers: self.kafka_brokers.as_deref(),
+                topic: &self.kafka_topic,
+                security_protocol: &self.kafka_security_protocol,
+                sasl_mechanism: self.kafka_sasl_mechanism.as_deref(),
+                sasl_username: self.kafka_sasl_username.as_deref(),
+                sasl_password: self.kafka_sasl_password.as_deref(),
+                ca_file: self.kafka_ca_file.as_deref(),
+                client_cert_file: self.kafka_client_cert_file.as_deref(),
+                client_key_file: self.kafka_client_key_file.as_deref(),
+                properties: self.kafka_properties.as_deref(),
+            })
+            .map(SinkConfig::Kafka),
+            // Reached only for a sink whose feature is off.
+            #[allow(unreachable_patterns)]
+            other @ ("rabbitmq" | "sqs" | "nats" | "kafka") => Err(ConfigError::new(
+                var::SINK,
+                format!("'{other}' is not built into this binary (build it with the cargo feature `{other}`)"),
+            )),
             other => Err(ConfigError::new(
                 var::SINK,
-                format!("'{other}' is not one of rabbitmq, sqs, nats"),
+                format!("'{other}' is not one of rabbitmq, sqs, nats, kafka"),
             )),
         }
     }
@@ -302,7 +387,8 @@ pub struct RelaySettings {
     #[arg(long, env = var::MAX_ATTEMPTS, default_value = "10")]
     pub max_attempts: String,
 
-    /// A batch not confirmed by then counts as a failed attempt.
+    /// What the broker has confirmed by then is published; the rest of
+    /// the batch is deferred: published again later, no attempt charged.
     #[arg(long, env = var::PUBLISH_TIMEOUT, default_value = "30s")]
     pub publish_timeout: String,
 

@@ -41,6 +41,16 @@ fn sink_settings() -> SinkSettings {
         nats_creds_file: None,
         nats_ca_file: None,
         nats_max_control_line: "4096".into(),
+        kafka_brokers: None,
+        kafka_topic: "outbox.{event_type}".into(),
+        kafka_security_protocol: "plaintext".into(),
+        kafka_sasl_mechanism: None,
+        kafka_sasl_username: None,
+        kafka_sasl_password: None,
+        kafka_ca_file: None,
+        kafka_client_cert_file: None,
+        kafka_client_key_file: None,
+        kafka_properties: None,
         message_format: "plain".into(),
         cloudevents_source: None,
     }
@@ -174,10 +184,21 @@ fn choices_name_the_accepted_words() {
 #[test]
 fn sink_errors_name_their_variable() {
     let unknown = SinkSettings {
+        sink: "pulsar".into(),
+        ..sink_settings()
+    };
+    assert_eq!(
+        unknown.validate().unwrap_err().to_string(),
+        "OUTBOX_SINK: 'pulsar' is not one of rabbitmq, sqs, nats, kafka"
+    );
+    let kafka_without_brokers = SinkSettings {
         sink: "kafka".into(),
         ..sink_settings()
     };
-    assert_eq!(unknown.validate().unwrap_err().variable, "OUTBOX_SINK");
+    assert_eq!(
+        kafka_without_brokers.validate().unwrap_err().variable,
+        "OUTBOX_KAFKA_BROKERS"
+    );
     let sqs_without_queue = SinkSettings {
         sink: "sqs".into(),
         ..sink_settings()

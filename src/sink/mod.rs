@@ -2,7 +2,7 @@
 //!
 //! Sinks decide retryability themselves; the relay never looks at
 //! broker-specific errors. Each sink classifies its broker's answers in one
-//! place (`amqp::settle`, `sqs::errors`, `nats::errors`), listed in one
+//! place (`amqp::settle`, `sqs::errors`, `nats::errors`, `kafka::errors`), listed in one
 //! table in its doc, and every class is proved by the conformance suite in
 //! `tests/conformance/`. Above all a sink tells the row's fault (a
 //! refusal of that one message: the row is charged an attempt) from the
@@ -17,9 +17,18 @@
 //! attempt, with the reason), and writes messages in the configured
 //! [`MessageFormat`].
 
+#[cfg(feature = "rabbitmq")]
 pub mod amqp;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "sqs")]
 pub mod sqs;
+pub mod template;
+
+#[cfg(not(any(feature = "rabbitmq", feature = "sqs", feature = "nats", feature = "kafka")))]
+compile_error!("outbox-relay needs at least one sink feature: rabbitmq, sqs, nats or kafka");
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -34,11 +43,34 @@ use crate::event::Event;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkConfig {
     /// RabbitMQ through an exchange, with publisher confirms.
+    #[cfg(feature = "rabbitmq")]
     RabbitMq(amqp::AmqpConfig),
     /// Amazon SQS, standard or FIFO.
+    #[cfg(feature = "sqs")]
     Sqs(sqs::SqsConfig),
     /// NATS JetStream, deduplicated on the event id (`Nats-Msg-Id`).
+    #[cfg(feature = "nats")]
     Nats(nats::NatsConfig),
+    /// Kafka, through an idempotent producer, keyed by `aggregate_id`.
+    #[cfg(feature = "kafka")]
+    Kafka(kafka::KafkaConfig),
+}
+
+impl SinkConfig {
+    /// The settings, told how long the relay waits for a batch's answers
+    /// (`OUTBOX_PUBLISH_TIMEOUT`): a sink whose client retries on its own
+    /// (Kafka's producer) must give up by then too.
+    pub fn with_publish_timeout(self, timeout: Duration) -> Self {
+        match self {
+            #[cfg(feature = "kafka")]
+            Self::Kafka(kafka) => Self::Kafka(kafka.with_message_timeout(timeout)),
+            #[allow(unreachable_patterns)]
+            other => {
+                let _ = timeout;
+                other
+            }
+        }
+    }
 }
 
 /// What happened to one event of a batch.
@@ -98,7 +130,7 @@ pub trait Sink: Send + Sync {
     /// Connects if needed and checks the broker answers.
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>>;
 
-    /// A name for logs and metrics (`rabbitmq`, `sqs`, `nats`).
+    /// A name for logs and metrics (`rabbitmq`, `sqs`, `nats`, `kafka`).
     fn kind(&self) -> &'static str;
 }
 
@@ -107,9 +139,14 @@ pub trait Sink: Send + Sync {
 /// is an outage, not a crash.
 pub async fn build(config: &SinkConfig, format: &MessageFormat) -> Result<Box<dyn Sink>, SinkError> {
     match config {
+        #[cfg(feature = "rabbitmq")]
         SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone(), format.clone()))),
+        #[cfg(feature = "sqs")]
         SinkConfig::Sqs(sqs) => Ok(Box::new(sqs::SqsSink::new(sqs, format.clone()).await?)),
+        #[cfg(feature = "nats")]
         SinkConfig::Nats(nats) => Ok(Box::new(nats::NatsSink::new(nats.clone()))),
+        #[cfg(feature = "kafka")]
+        SinkConfig::Kafka(kafka) => Ok(Box::new(kafka::KafkaSink::new(kafka.clone(), format.clone())?)),
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{var, ConfigError};
+pub use crate::sink::template::RoutingKeyTemplate;
 use crate::tls::{self, Trust, Which};
 
 /// RabbitMQ sink settings.
@@ -192,71 +193,6 @@ impl AmqpConfig {
     }
 }
 
-/// One part of a routing key template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum KeyPart {
-    Literal(String),
-    EventType,
-    AggregateId,
-}
-
-/// A parsed `OUTBOX_AMQP_ROUTING_KEY` (or `OUTBOX_NATS_SUBJECT`, which the
-/// NATS sink parses with it and then holds to NATS's own rules): literals
-/// with `{event_type}` and `{aggregate_id}` placeholders. Where it may
-/// start with a placeholder is each sink's rule, not the template's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoutingKeyTemplate {
-    parts: Vec<KeyPart>,
-}
-
-impl RoutingKeyTemplate {
-    /// Parses a template; an unknown `{placeholder}` or an unbalanced brace
-    /// is an error rather than a literal, because it is almost surely a typo.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let mut parts = Vec::new();
-        let mut rest = raw;
-        while let Some(open) = rest.find(['{', '}']) {
-            if rest[open..].starts_with('}') {
-                return Err(format!("'{raw}' has an unmatched '}}'"));
-            }
-            if open > 0 {
-                parts.push(KeyPart::Literal(rest[..open].to_owned()));
-            }
-            let close = rest[open..]
-                .find('}')
-                .ok_or_else(|| format!("'{raw}' has an unmatched '{{'"))?;
-            let name = &rest[open + 1..open + close];
-            parts.push(match name {
-                "event_type" => KeyPart::EventType,
-                "aggregate_id" => KeyPart::AggregateId,
-                other => {
-                    return Err(format!(
-                        "'{raw}' has an unknown placeholder {{{other}}} (known: {{event_type}}, {{aggregate_id}})"
-                    ))
-                }
-            });
-            rest = &rest[open + close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(KeyPart::Literal(rest.to_owned()));
-        }
-        Ok(Self { parts })
-    }
-
-    /// The routing key of one event.
-    pub fn render(&self, event_type: &str, aggregate_id: &str) -> String {
-        let mut key = String::new();
-        for part in &self.parts {
-            match part {
-                KeyPart::Literal(text) => key.push_str(text),
-                KeyPart::EventType => key.push_str(event_type),
-                KeyPart::AggregateId => key.push_str(aggregate_id),
-            }
-        }
-        key
-    }
-}
-
 /// Hides the password of a URL, for logs and errors.
 pub fn redact_url(raw: &str) -> String {
     match url::Url::parse(raw) {
@@ -273,18 +209,6 @@ pub fn redact_url(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn routing_key_templates_substitute_placeholders() {
-        let template = RoutingKeyTemplate::parse("events.{event_type}.{aggregate_id}").unwrap();
-        assert_eq!(template.render("order.created", "42"), "events.order.created.42");
-        assert_eq!(
-            RoutingKeyTemplate::parse("fixed").unwrap().render("a", "b"),
-            "fixed"
-        );
-        assert!(RoutingKeyTemplate::parse("{event_type").is_err());
-        assert!(RoutingKeyTemplate::parse("a}").is_err());
-    }
 
     #[test]
     fn certificate_files_name_their_variable() {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::{var, ConfigError};
-use crate::sink::amqp::RoutingKeyTemplate;
+use crate::sink::template::RoutingKeyTemplate;
 use crate::tls::{self, Trust};
 
 /// How the relay authenticates to the NATS servers.

@@ -13,7 +13,7 @@ use async_nats::HeaderMap;
 
 use super::config::check_subject;
 use crate::event::Event;
-use crate::sink::amqp::RoutingKeyTemplate;
+use crate::sink::template::RoutingKeyTemplate;
 
 /// The headers of an event's message: `Nats-Msg-Id` = id (JetStream's
 /// deduplication key), `Content-Type`, `event_type`, `aggregate_id` and
