@@ -1,7 +1,8 @@
 //! Test support shared by the workspace's integration tests and the
 //! benchmark: a database of its own per test, a RabbitMQ exchange and queue
 //! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), a NATS
-//! JetStream stream of its own ([`nats`]), the relay
+//! JetStream stream of its own ([`nats`]), a Kafka cluster of its own
+//! (librdkafka's mock cluster, [`kafka`]), the relay
 //! binary as a child process ([`relay_process`]), a cuttable TCP proxy
 //! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
 //! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
@@ -12,7 +13,8 @@
 //! of sleeping.
 //!
 //! The brokers' clients come with features, `amqp` (lapin), `sqs`
-//! (aws-sdk-sqs) and `nats` (async-nats), all on by default: a crate whose tests need PostgreSQL
+//! (aws-sdk-sqs), `nats` (async-nats) and `kafka` (rdkafka, for the
+//! `kafka-mock` binary), all on by default: a crate whose tests need PostgreSQL
 //! only turns them off and pulls in none of them.
 //!
 //! Only the package that builds the relay knows where its binary is (cargo
@@ -24,6 +26,8 @@
 #[cfg(feature = "amqp")]
 pub mod broker;
 pub mod db;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod private_postgres;
@@ -43,6 +47,8 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "amqp")]
 pub use broker::{amqp_url, Received, TestBroker};
 pub use db::{hang_marks, pg_admin_url, release_marks, NoRelay, TestDb};
+#[cfg(feature = "kafka")]
+pub use kafka::{unique_topic, KafkaApi, KafkaMock, KafkaRecord};
 #[cfg(feature = "nats")]
 pub use nats::{nats_url, Stored, StreamLimits, TestStream};
 pub use relay_process::{quick_settings, run_to_end, with, RelayBinary, RelayProcess};
