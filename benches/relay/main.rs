@@ -15,6 +15,9 @@
 //!   with 8 connections, with and without the trigger;
 //! - NATS JetStream: the relay against a bare async-nats JetStream
 //!   publisher, same messages, same acknowledgements in flight;
+//! - Kafka: the relay against a bare rdkafka producer with the relay's own
+//!   producer settings, same records, same reports in flight, on
+//!   librdkafka's mock cluster;
 //! - with `--delete-drain`: the drain with OUTBOX_ON_PUBLISH=delete;
 //! - with `--scale`: a drain behind a large backlog, claim latency behind
 //!   rows backing off, the gauge refresh on a large table, and a drain
@@ -23,13 +26,14 @@
 //!   seed-shaped table of `--migrate-rows` rows.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
-//! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`],
+//! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`], [`kafka`],
 //! [`scale`] and [`migrate_lock`]; what they start from is in [`fixture`],
 //! what they measure with in [`meter`], and [`report`] prints the tables.
 
 mod baselines;
 mod drain;
 mod fixture;
+mod kafka;
 mod meter;
 mod migrate_lock;
 mod nats;
@@ -103,6 +107,15 @@ struct Options {
     /// Only the NATS runs.
     #[arg(long)]
     only_nats: bool,
+    /// Rows for each Kafka run (bare producer and relay).
+    #[arg(long, default_value = "50000")]
+    kafka_rows: usize,
+    /// Leave out the Kafka runs.
+    #[arg(long)]
+    skip_kafka: bool,
+    /// Only the Kafka runs.
+    #[arg(long)]
+    only_kafka: bool,
     /// Table fillfactor for the drain runs, instead of the one `migrate`
     /// sets (to try how much room the claim's HOT updates need).
     #[arg(long)]
@@ -278,6 +291,10 @@ async fn main() -> Result<(), Error> {
         );
         report::scale_table(&options, &base, &backlog, &claims, &gauges, &retention);
     }
+    if options.only_kafka {
+        report::kafka_table(&options, Some(&kafka::run(&options).await?));
+        return Ok(());
+    }
     if options.only_drain {
         return Ok(());
     }
@@ -292,6 +309,11 @@ async fn main() -> Result<(), Error> {
     } else {
         Some(nats::run(&options).await?)
     };
+    let kafka_run = if options.skip_kafka {
+        None
+    } else {
+        Some(kafka::run(&options).await?)
+    };
     let mut steadies = Vec::new();
     for &rate in &options.rates {
         let result = steady::steady(&options, rate).await?;
@@ -303,6 +325,7 @@ async fn main() -> Result<(), Error> {
 
     report::sqs_table(&options, &sqs_runs);
     report::nats_table(&options, nats_run.as_ref());
+    report::kafka_table(&options, kafka_run.as_ref());
     report::steady_table(&options, &steadies);
     report::notify_cost_table(with_trigger, without_trigger);
     if options.migrate_lock {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::drain::Drain;
+use crate::kafka::KafkaRun;
 use crate::meter::Run;
 use crate::nats::NatsRun;
 use crate::scale::{ClaimLatency, GaugeRefresh};
@@ -207,6 +208,27 @@ pub fn nats_table(options: &Options, run: Option<&NatsRun>) {
     );
     println!("|---|---:|---:|---:|");
     println!("| bare async-nats publisher | {:.0} | 100% | |", run.bare);
+    println!(
+        "| outbox-relay (1 replica) | {:.0} | {:.1}% | {:.1} MiB |",
+        run.relay,
+        run.relay / run.bare * 100.0,
+        run.relay_peak_rss_mib
+    );
+}
+
+/// The Kafka table: the bare producer next to the relay; nothing when the
+/// Kafka runs were left out.
+pub fn kafka_table(options: &Options, run: Option<&KafkaRun>) {
+    let Some(run) = run else { return };
+    println!(
+        "\n| Kafka ({} rows a run, each into a fresh 6-partition topic of librdkafka's mock cluster; {} records in flight) | events/s | vs bare producer | relay peak RSS |",
+        options.kafka_rows, run.in_flight
+    );
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| bare rdkafka producer, the relay's settings | {:.0} | 100% | |",
+        run.bare
+    );
     println!(
         "| outbox-relay (1 replica) | {:.0} | {:.1}% | {:.1} MiB |",
         run.relay,

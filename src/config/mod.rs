@@ -362,7 +362,9 @@ impl SinkSettings {
             #[allow(unreachable_patterns)]
             other @ ("rabbitmq" | "sqs" | "nats" | "kafka") => Err(ConfigError::new(
                 var::SINK,
-                format!("'{other}' is not built into this binary (build it with the cargo feature `{other}`)"),
+                format!(
+                    "'{other}' is not built into this binary (build it with the cargo feature `{other}`)"
+                ),
             )),
             other => Err(ConfigError::new(
                 var::SINK,
@@ -538,6 +540,7 @@ impl MigrateSettings {
 
 /// An optional setting; set to an empty string (as a chart or compose file
 /// does for "unset"), it is unset.
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
 fn non_empty(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }

@@ -138,6 +138,8 @@ pub trait Sink: Send + Sync {
 /// happens later, in [`Sink::ready`], so a broker that is down at start-up
 /// is an outage, not a crash.
 pub async fn build(config: &SinkConfig, format: &MessageFormat) -> Result<Box<dyn Sink>, SinkError> {
+    // NATS writes plain messages only: a build with NATS alone reads no format.
+    let _ = format;
     match config {
         #[cfg(feature = "rabbitmq")]
         SinkConfig::RabbitMq(amqp) => Ok(Box::new(amqp::AmqpSink::new(amqp.clone(), format.clone()))),

@@ -33,6 +33,10 @@
 //! itself must hold every event exactly once, kills and cuts
 //! notwithstanding.
 //!
+//! One run publishes to Kafka (librdkafka's mock cluster, three brokers
+//! taken down and brought back at random): every event in the topic, and
+//! every copy of a republished event the same record.
+//!
 //! One run routes the relays' database connections through PgBouncer in
 //! transaction mode (`OUTBOX_DATABASE_POOLER=transaction`), with the same
 //! chaos and the same checks.
@@ -548,4 +552,127 @@ async fn nats_jetstream_relays_killed_and_cut_at_random_store_every_event_exactl
     assert_eq!(stored.len(), rows.len());
     run.stop.cancel();
     stream.cleanup().await;
+}
+
+/// Kafka: relays killed at random, database backends terminated, and the
+/// cluster's brokers taken down and brought back while they publish (the
+/// Kafka client connects to each broker the cluster advertises, past any
+/// proxy, so the brokers themselves drop the connections). Kafka keeps
+/// every record the relays send, so a republished row is a second record:
+/// none may be lost, and every copy of an event carries its `event_id`,
+/// key and value unchanged.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_relays_killed_and_brokers_dropped_at_random_lose_nothing() {
+    let scenario = Scenario {
+        name: "kafka",
+        // Half the main run, as for NATS: the topic is read back record by
+        // record at the end.
+        events: 10_000,
+        // The topic template has one topic for every row.
+        unroutable_every: 0,
+        ..MAIN_RUN
+    };
+    let mut run = Run::begin(scenario).await;
+    let cluster = std::sync::Arc::new(common::kafka::KafkaMock::start(3));
+    let prefix = common::kafka::unique_topic("crash");
+    let topic = format!("{prefix}.order.created");
+    cluster.create_topic(&topic, 6);
+    let template = format!("{prefix}.{{event_type}}");
+    // Brokers go down one at a time for up to 1.5 s, every 1 to 4 s, while
+    // the chaos lasts; all are up again after it.
+    let flapping = {
+        let cluster = cluster.clone();
+        let mut rng = StdRng::seed_from_u64(run.seed ^ 0x006b_6166_6b61);
+        let until = Instant::now() + run.scenario.chaos_for;
+        std::thread::spawn(move || {
+            let mut downs = 0;
+            while Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(rand::Rng::random_range(
+                    &mut rng,
+                    1_000..=4_000,
+                )));
+                let broker = rand::Rng::random_range(&mut rng, 1..=cluster.brokers);
+                cluster.broker_down(broker);
+                std::thread::sleep(Duration::from_millis(rand::Rng::random_range(
+                    &mut rng,
+                    100..=1_500,
+                )));
+                cluster.broker_up(broker);
+                downs += 1;
+            }
+            downs
+        })
+    };
+    // The proxies the suite puts before each relay see only the relays'
+    // first connection to the cluster, not the brokers': the relay is
+    // given the cluster itself.
+    let chaos = run
+        .relays_under_chaos(common::system::free_addr(), |_proxy| cluster.env(&template))
+        .await;
+    let downs = flapping.join().expect("the broker chaos thread");
+    let records = cluster.read(&topic).await;
+    let mut copies: std::collections::HashMap<String, Vec<&common::kafka::KafkaRecord>> =
+        std::collections::HashMap::new();
+    for record in &records {
+        copies.entry(record.event_id()).or_default().push(record);
+    }
+    let rows: HashSet<String> = run
+        .db
+        .ids_where("true")
+        .await
+        .iter()
+        .map(Uuid::to_string)
+        .collect();
+    let in_topic: HashSet<String> = copies.keys().cloned().collect();
+    let duplicated = copies.values().filter(|copies| copies.len() > 1).count();
+    let attempts = run
+        .db
+        .column::<i64>("SELECT sum(attempt_count)::bigint FROM outbox_event", &[])
+        .await;
+    eprintln!(
+        "crash suite [{}]: seed {}, {} events, {} records in the topic, {duplicated} events duplicated, \
+         {} attempts in all, {downs} broker outages, {:?}, {chaos:?}",
+        run.scenario.name,
+        run.seed,
+        rows.len(),
+        records.len(),
+        attempts[0],
+        run.started.elapsed()
+    );
+    assert_eq!(
+        rows.len(),
+        usize::try_from(run.scenario.events).unwrap(),
+        "the producer inserted every event"
+    );
+    assert_eq!(
+        run.db.count("quarantined_at IS NOT NULL").await,
+        0,
+        "nothing quarantined"
+    );
+    assert_eq!(
+        run.db.count("published_at IS NULL").await,
+        0,
+        "every row published"
+    );
+    assert_eq!(
+        in_topic.difference(&rows).count(),
+        0,
+        "nothing in the topic that is not a row"
+    );
+    assert_eq!(
+        rows.difference(&in_topic).count(),
+        0,
+        "0 lost: every event is in the topic"
+    );
+    for (event_id, copies) in &copies {
+        let first = copies[0];
+        for copy in &copies[1..] {
+            assert_eq!(
+                (&copy.key, &copy.value, copy.partition),
+                (&first.key, &first.value, first.partition),
+                "every copy of event {event_id} is the same record, on the same partition"
+            );
+        }
+    }
+    run.stop.cancel();
 }

@@ -201,7 +201,10 @@ impl KafkaConfig {
         // librdkafka checks names and values itself, without connecting:
         // an unknown property or a bad value stops the relay here.
         config.client_config().create_native_config().map_err(|e| {
-            ConfigError::new(var::KAFKA_PROPERTIES, format!("librdkafka refused the configuration: {e}"))
+            ConfigError::new(
+                var::KAFKA_PROPERTIES,
+                format!("librdkafka refused the configuration: {e}"),
+            )
         })?;
         Ok(config)
     }
@@ -222,7 +225,10 @@ impl KafkaConfig {
             // trying it meanwhile.
             .set(
                 "message.timeout.ms",
-                self.message_timeout.as_millis().clamp(1, i32::MAX as u128).to_string(),
+                self.message_timeout
+                    .as_millis()
+                    .clamp(1, i32::MAX as u128)
+                    .to_string(),
             )
             // A topic that does not exist fails its messages after this,
             // instead of librdkafka's 30 s, which would hold every batch
@@ -280,7 +286,9 @@ fn parse_brokers(raw: Option<&str>) -> Result<String, ConfigError> {
                  (security: OUTBOX_KAFKA_SECURITY_PROTOCOL and OUTBOX_KAFKA_SASL_*)",
             ));
         }
-        let port = server.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+        let port = server
+            .rsplit_once(':')
+            .map(|(host, port)| (host, port.parse::<u16>()));
         match port {
             Some((host, Ok(port))) if !host.is_empty() && port > 0 => servers.push(server),
             _ => {
@@ -332,18 +340,16 @@ fn parse_sasl(settings: &KafkaSettings<'_>, security: SecurityProtocol) -> Resul
             return Err(ConfigError::new(
                 var::KAFKA_SASL_MECHANISM,
                 format!(
-                    "is required with OUTBOX_KAFKA_SECURITY_PROTOCOL={} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
-                    security.name()
-                ),
+                "is required with OUTBOX_KAFKA_SECURITY_PROTOCOL={} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
+                security.name()
+            ),
             ))
         }
     };
-    let username = username.ok_or_else(|| {
-        ConfigError::new(var::KAFKA_SASL_USERNAME, format!("is required with {mechanism}"))
-    })?;
-    let password = password.ok_or_else(|| {
-        ConfigError::new(var::KAFKA_SASL_PASSWORD, format!("is required with {mechanism}"))
-    })?;
+    let username = username
+        .ok_or_else(|| ConfigError::new(var::KAFKA_SASL_USERNAME, format!("is required with {mechanism}")))?;
+    let password = password
+        .ok_or_else(|| ConfigError::new(var::KAFKA_SASL_PASSWORD, format!("is required with {mechanism}")))?;
     Ok(Some(Sasl {
         mechanism,
         username: username.to_owned(),
@@ -359,7 +365,10 @@ fn given(value: Option<&str>) -> Option<&str> {
 
 type TlsFiles = (Option<String>, Option<(String, String)>);
 
-fn parse_tls_files(settings: &KafkaSettings<'_>, security: SecurityProtocol) -> Result<TlsFiles, ConfigError> {
+fn parse_tls_files(
+    settings: &KafkaSettings<'_>,
+    security: SecurityProtocol,
+) -> Result<TlsFiles, ConfigError> {
     let ca = given(settings.ca_file).map(str::to_owned);
     let cert = given(settings.client_cert_file).map(str::to_owned);
     let key = given(settings.client_key_file).map(str::to_owned);
@@ -410,13 +419,17 @@ fn parse_tls_files(settings: &KafkaSettings<'_>, security: SecurityProtocol) -> 
 /// stops the relay at start-up, naming the variable, rather than failing
 /// every connection.
 fn check_pem(variable: &'static str, path: &str, what: &str) -> Result<(), ConfigError> {
-    let text = std::fs::read_to_string(Path::new(path))
-        .map_err(|e| ConfigError::new(variable, format!("cannot read {path}: {}", crate::tls::io_reason(&e))))?;
-    if !text.lines().any(|line| line.starts_with("-----BEGIN") && line.contains(what)) {
-        return Err(ConfigError::new(
+    let text = std::fs::read_to_string(Path::new(path)).map_err(|e| {
+        ConfigError::new(
             variable,
-            format!("{path} holds no PEM {what}"),
-        ));
+            format!("cannot read {path}: {}", crate::tls::io_reason(&e)),
+        )
+    })?;
+    if !text
+        .lines()
+        .any(|line| line.starts_with("-----BEGIN") && line.contains(what))
+    {
+        return Err(ConfigError::new(variable, format!("{path} holds no PEM {what}")));
     }
     Ok(())
 }
@@ -430,7 +443,10 @@ fn parse_properties(raw: &str) -> Result<Vec<(String, String)>, ConfigError> {
             Some((key, value)) => {
                 let key = key.trim().to_owned();
                 if key.is_empty() {
-                    return Err(ConfigError::new(var::KAFKA_PROPERTIES, "has a property without a name"));
+                    return Err(ConfigError::new(
+                        var::KAFKA_PROPERTIES,
+                        "has a property without a name",
+                    ));
                 }
                 properties.push((key, value.trim().to_owned()));
             }
@@ -530,7 +546,9 @@ mod tests {
     #[test]
     fn other_properties_are_passed_on_and_checked_by_librdkafka() {
         let config = KafkaConfig::parse(&KafkaSettings {
-            properties: Some("linger.ms=20, compression.type=zstd,ssl.cipher.suites=A,B,message.max.bytes=2000"),
+            properties: Some(
+                "linger.ms=20, compression.type=zstd,ssl.cipher.suites=A,B,message.max.bytes=2000",
+            ),
             ..settings("k:9092")
         })
         .unwrap();
@@ -567,15 +585,21 @@ mod tests {
         assert_eq!(config.sasl.as_ref().unwrap().mechanism, "SCRAM-SHA-512");
         assert!(!format!("{config:?}").contains("hunter2"));
         assert_eq!(
-            KafkaConfig::parse(&sasl(None, Some("hunter2"))).unwrap_err().variable,
+            KafkaConfig::parse(&sasl(None, Some("hunter2")))
+                .unwrap_err()
+                .variable,
             "OUTBOX_KAFKA_SASL_MECHANISM"
         );
         assert_eq!(
-            KafkaConfig::parse(&sasl(Some("GSSAPI"), Some("hunter2"))).unwrap_err().variable,
+            KafkaConfig::parse(&sasl(Some("GSSAPI"), Some("hunter2")))
+                .unwrap_err()
+                .variable,
             "OUTBOX_KAFKA_SASL_MECHANISM"
         );
         assert_eq!(
-            KafkaConfig::parse(&sasl(Some("PLAIN"), None)).unwrap_err().variable,
+            KafkaConfig::parse(&sasl(Some("PLAIN"), None))
+                .unwrap_err()
+                .variable,
             "OUTBOX_KAFKA_SASL_PASSWORD"
         );
         let error = KafkaConfig::parse(&KafkaSettings {

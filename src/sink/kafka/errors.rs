@@ -126,7 +126,10 @@ mod tests {
                 "{code:?}"
             );
         }
-        match classify(&produced(RDKafkaErrorCode::TopicAuthorizationFailed), Stage::Report) {
+        match classify(
+            &produced(RDKafkaErrorCode::TopicAuthorizationFailed),
+            Stage::Report,
+        ) {
             Verdict::Cluster(reason) => assert!(reason.contains("TopicAuthorizationFailed"), "{reason}"),
             other => panic!("{other:?}"),
         }
@@ -143,7 +146,10 @@ mod tests {
             classify(&too_large, Stage::Enqueue),
             Verdict::Row(Outcome::Reject(reason)) if reason.contains("message.max.bytes")
         ));
-        assert!(matches!(classify(&too_large, Stage::Report), Verdict::TooLarge(_)));
+        assert!(matches!(
+            classify(&too_large, Stage::Report),
+            Verdict::TooLarge(_)
+        ));
         assert!(matches!(
             classify(&produced(RDKafkaErrorCode::MessageBatchTooLarge), Stage::Report),
             Verdict::TooLarge(_)
@@ -165,7 +171,10 @@ mod tests {
             Verdict::Row(Outcome::Retry(_))
         ));
         assert_eq!(
-            classify(&produced(RDKafkaErrorCode::UnknownTopicOrPartition), Stage::Report),
+            classify(
+                &produced(RDKafkaErrorCode::UnknownTopicOrPartition),
+                Stage::Report
+            ),
             Verdict::UnknownTopic
         );
         assert_eq!(

@@ -32,7 +32,10 @@ pub fn check_topic(topic: &str) -> Result<(), String> {
         return Err("is an empty topic name".to_owned());
     }
     if topic.len() > MAX_TOPIC {
-        return Err(format!("is {} characters long; Kafka allows {MAX_TOPIC}", topic.len()));
+        return Err(format!(
+            "is {} characters long; Kafka allows {MAX_TOPIC}",
+            topic.len()
+        ));
     }
     if topic == "." || topic == ".." {
         return Err("is '.' or '..', which Kafka does not allow".to_owned());
@@ -140,7 +143,11 @@ fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a [u8]> {
 /// published: a topic name Kafka refuses, or a producer header that would
 /// take the place of one the relay sets (`content-type`; in CloudEvents
 /// mode the `ce_` attributes).
-pub(super) fn prepare(event: &Event, template: &RoutingKeyTemplate, format: &MessageFormat) -> Result<String, String> {
+pub(super) fn prepare(
+    event: &Event,
+    template: &RoutingKeyTemplate,
+    format: &MessageFormat,
+) -> Result<String, String> {
     for (name, _) in event.headers.iter() {
         let lower = name.to_ascii_lowercase();
         if lower == CONTENT_TYPE {
@@ -161,7 +168,12 @@ pub(super) fn prepare(event: &Event, template: &RoutingKeyTemplate, format: &Mes
         }
     }
     let topic = template.render(&event.event_type, &event.aggregate_id);
-    check_topic(&topic).map_err(|e| format!("topic \"{}\" is not a valid Kafka topic name: it {e}", printable(&topic)))?;
+    check_topic(&topic).map_err(|e| {
+        format!(
+            "topic \"{}\" is not a valid Kafka topic name: it {e}",
+            printable(&topic)
+        )
+    })?;
     Ok(topic)
 }
 
@@ -232,7 +244,10 @@ mod tests {
             ("ce_subject", "order-7"),
             ("ce_traceparent", "00-abc"),
         ] {
-            assert!(ce_headers.contains(&(name.to_owned(), value.to_owned())), "{name}");
+            assert!(
+                ce_headers.contains(&(name.to_owned(), value.to_owned())),
+                "{name}"
+            );
         }
         assert!(ce_headers.contains(&("ce_id".to_owned(), e.id.to_string())));
     }

@@ -163,17 +163,23 @@ impl KafkaSink {
         let topic = self.pattern.literal().map(str::to_owned);
         let brokers = self.config.describe_brokers().to_owned();
         let context_error = self.context.recent_error(Duration::from_secs(30));
-        tokio::task::spawn_blocking(move || producer.client().fetch_metadata(topic.as_deref(), METADATA_TIMEOUT))
-            .await
-            .map_err(|e| SinkError(format!("Kafka metadata request did not finish: {e}")))?
-            .map_err(|e| {
-                let code = e
-                    .rdkafka_error_code()
-                    .map(|code| format!(" ({code:?})"))
-                    .unwrap_or_default();
-                let why = context_error.map(|reason| format!("; last client error: {reason}")).unwrap_or_default();
-                SinkError(format!("Kafka brokers unreachable ({brokers}): {e}{code}{why}"))
-            })
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(topic.as_deref(), METADATA_TIMEOUT)
+        })
+        .await
+        .map_err(|e| SinkError(format!("Kafka metadata request did not finish: {e}")))?
+        .map_err(|e| {
+            let code = e
+                .rdkafka_error_code()
+                .map(|code| format!(" ({code:?})"))
+                .unwrap_or_default();
+            let why = context_error
+                .map(|reason| format!("; last client error: {reason}"))
+                .unwrap_or_default();
+            SinkError(format!("Kafka brokers unreachable ({brokers}): {e}{code}{why}"))
+        })
     }
 
     /// Whether the cluster holds a topic the template can render; `Err`
@@ -184,9 +190,10 @@ impl KafkaSink {
             return Ok(());
         }
         let metadata = self.metadata(producer).await?;
-        let found = metadata.topics().iter().any(|topic| {
-            topic.error().is_none() && self.pattern.matches(topic.name())
-        });
+        let found = metadata
+            .topics()
+            .iter()
+            .any(|topic| topic.error().is_none() && self.pattern.matches(topic.name()));
         if found {
             *self.seen_state() = Some(Instant::now());
             return Ok(());
@@ -203,7 +210,9 @@ impl KafkaSink {
                 rdkafka::types::RDKafkaErrorCode::from(code)
             ),
             (None, Some(topic)) => {
-                format!("Kafka topic {topic} does not exist (OUTBOX_KAFKA_TOPIC); the relay never creates topics")
+                format!(
+                    "Kafka topic {topic} does not exist (OUTBOX_KAFKA_TOPIC); the relay never creates topics"
+                )
             }
             (None, None) => format!(
                 "no Kafka topic matches OUTBOX_KAFKA_TOPIC ({}); the relay never creates topics",
@@ -310,7 +319,10 @@ impl KafkaSink {
         if !unknown.is_empty() {
             self.settle_unknown_topics(events, &unknown, outcomes).await;
         }
-        if outcomes.iter().any(|(verdict, _)| matches!(verdict, Some(Verdict::Fatal(_)))) {
+        if outcomes
+            .iter()
+            .any(|(verdict, _)| matches!(verdict, Some(Verdict::Fatal(_))))
+        {
             // Made anew before the next batch; this one is deferred.
             let _ = self.healthy_producer();
         }
@@ -326,7 +338,10 @@ impl KafkaSink {
         outcomes: &mut [(Option<Verdict>, Outcome)],
         deadline: tokio::time::Instant,
     ) {
-        debug!(records = indexes.len(), "Kafka refused a request as too large; sending its records one at a time");
+        debug!(
+            records = indexes.len(),
+            "Kafka refused a request as too large; sending its records one at a time"
+        );
         let Ok(_alone) = tokio::time::timeout_at(deadline, self.isolation.write()).await else {
             return;
         };
@@ -380,7 +395,10 @@ impl KafkaSink {
             let topic = self.config.topic.render(&event.event_type, &event.aggregate_id);
             outcomes[index] = if existing.contains(&topic.as_str()) {
                 // Created since the producer looked: tried again soon.
-                (None, Outcome::Deferred(format!("Kafka topic {topic} was not known to the producer yet")))
+                (
+                    None,
+                    Outcome::Deferred(format!("Kafka topic {topic} was not known to the producer yet")),
+                )
             } else if others_exist && self.pattern.literal().is_none() {
                 (
                     None,
