@@ -8,6 +8,16 @@
 # of the image it is built in, so the two Debian releases must match.
 ARG RUST_VERSION=1
 FROM rust:${RUST_VERSION}-slim-bookworm AS build
+# The Kafka sink compiles librdkafka from its C source: its configure script
+# wants a C++ compiler (g++) besides the image's gcc, then make; pkg-config
+# and the OpenSSL headers let it and openssl-sys find OpenSSL, which the
+# binary links dynamically (libssl3 in the runtime image). zstd and zlib are
+# compiled from source by their crates. Not pinned, like ca-certificates
+# below: the base image tag is the pin that matters.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ make pkg-config libssl-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 # The crate registry and target/ live in BuildKit cache mounts, so a rebuild
@@ -22,18 +32,20 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 
 # --- runtime ---------------------------------------------------------------
 # Debian slim of the same release as the builder (glibc must match), plus CA
-# certificates for SQS and TLS brokers; nothing else is installed.
+# certificates for SQS and TLS brokers, and OpenSSL 3 (libssl3: libssl.so.3
+# and libcrypto.so.3), which librdkafka, the Kafka sink's client, links
+# dynamically for TLS and SCRAM; nothing else is installed.
 FROM debian:bookworm-slim
-# ca-certificates is not pinned: Debian replaces old versions in its archive,
-# so a pin would break the build; the base image tag is the pin that matters.
+# Not pinned: Debian replaces old versions in its archive, so a pin would
+# break the build; the base image tag is the pin that matters.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin nonroot
 LABEL org.opencontainers.image.title="outbox-relay" \
-      org.opencontainers.image.description="Publishes PostgreSQL outbox rows to RabbitMQ or Amazon SQS, at least once" \
+      org.opencontainers.image.description="Publishes PostgreSQL outbox rows to RabbitMQ, Amazon SQS, NATS JetStream or Kafka, at least once" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/outbox-relay /usr/local/bin/outbox-relay
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without a passwd

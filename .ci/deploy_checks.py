@@ -7,6 +7,7 @@ RENDER_DIR holds the chart rendered by `helm template` (see deploy-checks):
   default.yaml        default values
   rules-default.yaml  default values plus prometheusRule/serviceMonitor enabled
   full.yaml           ci/full-values.yaml (every setting non-default)
+  kafka.yaml          ci/kafka-values.yaml (the Kafka sink with SASL over TLS)
 This script writes into it, for promtool:
   rules-default.rules.yml, full.rules.yml   the PrometheusRule specs as rule files
   sidecar-N.yaml                            the sidecar examples of the chart README
@@ -47,13 +48,19 @@ SPEC_VARS = [
     "OUTBOX_AMQP_MAX_MESSAGE_BYTES", "OUTBOX_MAX_BATCH_BYTES",
     "OUTBOX_NATS_URL", "OUTBOX_NATS_SUBJECT", "OUTBOX_NATS_CREDS_FILE", "OUTBOX_NATS_CA_FILE",
     "OUTBOX_MESSAGE_FORMAT", "OUTBOX_CLOUDEVENTS_SOURCE",
+    # Kafka.
+    "OUTBOX_KAFKA_BROKERS", "OUTBOX_KAFKA_TOPIC", "OUTBOX_KAFKA_SECURITY_PROTOCOL",
+    "OUTBOX_KAFKA_SASL_MECHANISM", "OUTBOX_KAFKA_SASL_USERNAME", "OUTBOX_KAFKA_SASL_PASSWORD",
+    "OUTBOX_KAFKA_CA_FILE", "OUTBOX_KAFKA_CLIENT_CERT_FILE", "OUTBOX_KAFKA_CLIENT_KEY_FILE",
+    "OUTBOX_KAFKA_PROPERTIES",
 ]
 # Variables that hold passwords: in the chart they come only from Secrets
-# (database.*), never from `config`.
-SECRET_VARS = {"OUTBOX_DATABASE_URL", "OUTBOX_LISTEN_DATABASE_URL"}
+# (database.*, kafka.existingSecret), never from `config`.
+SECRET_VARS = {"OUTBOX_DATABASE_URL", "OUTBOX_LISTEN_DATABASE_URL", "OUTBOX_KAFKA_SASL_PASSWORD"}
 # Variables naming files the relay reads at start-up.
 FILE_VARS = ["OUTBOX_AMQP_CA_FILE", "OUTBOX_AMQP_CLIENT_CERT_FILE", "OUTBOX_AMQP_CLIENT_KEY_FILE",
-             "OUTBOX_NATS_CREDS_FILE", "OUTBOX_NATS_CA_FILE"]
+             "OUTBOX_NATS_CREDS_FILE", "OUTBOX_NATS_CA_FILE",
+             "OUTBOX_KAFKA_CA_FILE", "OUTBOX_KAFKA_CLIENT_CERT_FILE", "OUTBOX_KAFKA_CLIENT_KEY_FILE"]
 # Metrics named by the specification; the alerts may only use these (and up).
 SPEC_METRICS = {
     "outbox_unpublished_events", "outbox_oldest_unpublished_age_seconds",
@@ -185,6 +192,15 @@ def check_env(container, values, where, database_secret, database_key):
         ref = env.get("OUTBOX_NATS_URL", {}).get("valueFrom", {}).get("secretKeyRef", {})
         check(ref == {"name": nats["existingSecret"], "key": nats["secretKey"]},
               where, f"OUTBOX_NATS_URL must come from Secret {nats['existingSecret']}, got {env.get('OUTBOX_NATS_URL')}")
+    kafka = values["kafka"]
+    password = env.get("OUTBOX_KAFKA_SASL_PASSWORD")
+    if kafka.get("existingSecret"):
+        ref = (password or {}).get("valueFrom", {}).get("secretKeyRef", {})
+        check("value" not in (password or {}) and ref == {"name": kafka["existingSecret"], "key": kafka["passwordKey"]},
+              where, f"OUTBOX_KAFKA_SASL_PASSWORD must come from Secret {kafka['existingSecret']}/{kafka['passwordKey']}, got {password}")
+    else:
+        check(password is None, where, f"OUTBOX_KAFKA_SASL_PASSWORD without kafka.existingSecret: {password}")
+
     creds_file = None
     if nats.get("credsSecret"):
         creds_file = nats["credsMountPath"].rstrip("/") + "/" + nats["credsKey"]
@@ -487,6 +503,27 @@ def check_compose():
         jobs = [j["job_name"] for j in config.get("scrape_configs", [])]
         check("outbox-relay" in jobs, config_source, 'a scrape job named "outbox-relay" (the alerts select it)')
 
+    # The Kafka demo: a broker and a one-shot that creates the topic (the
+    # relay never does), both in the kafka profile, which the relay waits for
+    # only when the profile is on.
+    kafka, topics = services.get("kafka"), services.get("kafka-topics")
+    if check(kafka and topics, where, "services kafka and kafka-topics are missing"):
+        for name, svc in [("kafka", kafka), ("kafka-topics", topics)]:
+            check(svc.get("profiles") == ["kafka"], where, f"{name} must be in the kafka profile only")
+            check(re.fullmatch(r"apache/kafka:[0-9][0-9.]*", svc.get("image", "")), where,
+                  f"{name} must use apache/kafka pinned by version, got {svc.get('image')}")
+        check("healthcheck" in kafka, where, "kafka needs a healthcheck")
+        check(topics.get("depends_on", {}).get("kafka", {}).get("condition") == "service_healthy", where,
+              "kafka-topics must wait for kafka to be healthy")
+        check(deps.get("kafka-topics") == {"condition": "service_completed_successfully", "required": False}, where,
+              "relay must wait for kafka-topics, as an optional dependency")
+        created = re.findall(r"--topic\s+(\S+)", " ".join(map(str, topics.get("command", []))))
+        template = relay["environment"]["OUTBOX_KAFKA_TOPIC"].replace("{event_type}", "order.created")
+        check(template in created, where, f"kafka-topics must create {template} (OUTBOX_KAFKA_TOPIC), creates {created}")
+        brokers = relay["environment"]["OUTBOX_KAFKA_BROKERS"]
+        check(f"PLAINTEXT://{brokers}" in kafka.get("environment", {}).get("KAFKA_ADVERTISED_LISTENERS", ""), where,
+              f"kafka must advertise the relay's OUTBOX_KAFKA_BROKERS ({brokers})")
+
     # The demo broker knows the credentials and routes what the relay sends.
     amqp = re.match(r"amqps?://([^:@/]+):([^@/]+)@", relay["environment"]["OUTBOX_AMQP_URL"])
     defs_source = [s for s in (v.split(":")[0] for v in services["rabbitmq"].get("volumes", [])) if s.endswith(".json")]
@@ -500,6 +537,38 @@ def check_compose():
         exchange = relay["environment"]["OUTBOX_AMQP_EXCHANGE"]
         check(any(b["source"] == exchange for b in defs.get("bindings", [])), defs_source[0],
               f"no queue is bound to {exchange}: every mandatory publish would fail")
+
+
+def check_kafka_render(docs, values):
+    """The chart rendered for the Kafka sink: the relay (and the migrate Job,
+    which validates the same configuration) gets every Kafka setting of
+    values as it is, the SASL password only through its Secret, and its
+    certificate files in the mounted tls Secret."""
+    where = "chart (ci/kafka-values.yaml)"
+    cfg = values["config"]
+    check(cfg["OUTBOX_SINK"] == "kafka" and values["kafka"].get("existingSecret"), where,
+          "ci/kafka-values.yaml must select the kafka sink with kafka.existingSecret")
+    kinds = by_kind(docs)
+    pods = [("Deployment", d["spec"]["template"]["spec"]) for d in kinds.get("Deployment", [])]
+    pods += [("Job", j["spec"]["template"]["spec"]) for j in kinds.get("Job", [])]
+    check(len(pods) == 2, where, f"expected the Deployment and the migrate Job, got {[k for k, _ in pods]}")
+    for kind, pod in pods:
+        container = pod["containers"][0]
+        env = {e["name"]: e for e in container.get("env", [])}
+        w = f"{where} {kind}"
+        check(env.get("OUTBOX_SINK", {}).get("value") == "kafka", w, f"OUTBOX_SINK must be kafka, got {env.get('OUTBOX_SINK')}")
+        for name in [v for v in SPEC_VARS if v.startswith("OUTBOX_KAFKA_") and v not in SECRET_VARS]:
+            wanted = env_string(cfg.get(name))
+            got = env.get(name, {}).get("value")
+            if wanted:
+                check(got == wanted, w, f"{name} must be {wanted!r}, got {env.get(name)}")
+            else:
+                check(name not in env, w, f"{name} is empty in values and must be left unset, got {env.get(name)}")
+        password = env.get("OUTBOX_KAFKA_SASL_PASSWORD", {})
+        check(password.get("valueFrom", {}).get("secretKeyRef")
+              == {"name": values["kafka"]["existingSecret"], "key": values["kafka"]["passwordKey"]}
+              and "value" not in password, w, f"OUTBOX_KAFKA_SASL_PASSWORD must come from kafka.existingSecret, got {password}")
+        check_tls_files(pod, container, values, w)
 
 
 def check_dockerfile():
@@ -517,6 +586,9 @@ def check_dockerfile():
     check(re.search(r"^EXPOSE 9090\s*$", final, re.M), where, "EXPOSE 9090")
     copies = re.findall(r"^COPY\s+(.*)$", final, re.M)
     check(len(copies) == 1 and "/usr/local/bin/outbox-relay" in copies[0], where, f"the runtime image gets the binary only, got {copies}")
+    # The Kafka sink's librdkafka links OpenSSL 3 dynamically: without it
+    # the binary does not start.
+    check(re.search(r"apt-get install[^\n]*\blibssl3\b", final), where, "the runtime image needs libssl3 (librdkafka links libssl.so.3)")
     ignore = (ROOT / ".dockerignore").read_text().split()
     for entry in ["target/", ".git/"]:
         check(entry in ignore, ".dockerignore", f"must exclude {entry}")
@@ -543,6 +615,11 @@ def main():
         rule = check_chart_render(load_all(render_dir / f"{name}.yaml"), values, label)
         if rule:
             check_prometheus_rule(rule, rule_file["groups"], values, label, render_dir / f"{name}.rules.yml")
+
+    kafka_values = deep_merge(chart_values, yaml.safe_load((CHART / "ci" / "kafka-values.yaml").read_text()))
+    kafka_docs = load_all(render_dir / "kafka.yaml")
+    check_chart_render(kafka_docs, kafka_values, "ci/kafka-values.yaml")
+    check_kafka_render(kafka_docs, kafka_values)
 
     extract_sidecar_examples(render_dir)
     check_compose()

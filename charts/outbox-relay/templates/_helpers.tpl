@@ -133,6 +133,42 @@ Deployment, so every render runs them.
 {{- if and .Values.nats.credsSecret $c.OUTBOX_NATS_CREDS_FILE }}
 {{- fail "set either nats.credsSecret or config.OUTBOX_NATS_CREDS_FILE, not both (the chart points the variable at the mounted file)" }}
 {{- end }}
+{{- if eq (toString $c.OUTBOX_SINK) "kafka" }}
+{{- include "outbox-relay.validateKafka" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Kafka settings that go together, as the relay checks them at start-up
+(it would exit with status 2): caught at render time instead, naming the
+values. Only with OUTBOX_SINK=kafka, the one case the relay reads them.
+*/}}
+{{- define "outbox-relay.validateKafka" -}}
+{{- $c := .Values.config }}
+{{- $k := .Values.kafka }}
+{{- if not $c.OUTBOX_KAFKA_BROKERS }}
+{{- fail "config.OUTBOX_KAFKA_BROKERS is required when config.OUTBOX_SINK is kafka (bootstrap servers, host:port,...)" }}
+{{- end }}
+{{- $protocol := lower (toString (default "plaintext" $c.OUTBOX_KAFKA_SECURITY_PROTOCOL)) }}
+{{- if hasPrefix "sasl_" $protocol }}
+{{- if not $c.OUTBOX_KAFKA_SASL_MECHANISM }}
+{{- fail (printf "config.OUTBOX_KAFKA_SASL_MECHANISM is required with config.OUTBOX_KAFKA_SECURITY_PROTOCOL=%s (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)" $protocol) }}
+{{- end }}
+{{- if not $c.OUTBOX_KAFKA_SASL_USERNAME }}
+{{- fail (printf "config.OUTBOX_KAFKA_SASL_USERNAME is required with config.OUTBOX_KAFKA_SECURITY_PROTOCOL=%s" $protocol) }}
+{{- end }}
+{{- if not $k.existingSecret }}
+{{- fail (printf "kafka.existingSecret is required with config.OUTBOX_KAFKA_SECURITY_PROTOCOL=%s: a Secret holding the SASL password under key %s (never a plain value)" $protocol $k.passwordKey) }}
+{{- end }}
+{{- else if or $c.OUTBOX_KAFKA_SASL_MECHANISM $c.OUTBOX_KAFKA_SASL_USERNAME $k.existingSecret }}
+{{- fail (printf "config.OUTBOX_KAFKA_SASL_MECHANISM, config.OUTBOX_KAFKA_SASL_USERNAME and kafka.existingSecret are for config.OUTBOX_KAFKA_SECURITY_PROTOCOL sasl_ssl or sasl_plaintext, not %s" $protocol) }}
+{{- end }}
+{{- if and (not (has $protocol (list "ssl" "sasl_ssl"))) (or $c.OUTBOX_KAFKA_CA_FILE $c.OUTBOX_KAFKA_CLIENT_CERT_FILE $c.OUTBOX_KAFKA_CLIENT_KEY_FILE) }}
+{{- fail (printf "config.OUTBOX_KAFKA_CA_FILE, OUTBOX_KAFKA_CLIENT_CERT_FILE and OUTBOX_KAFKA_CLIENT_KEY_FILE are for config.OUTBOX_KAFKA_SECURITY_PROTOCOL ssl or sasl_ssl, not %s" $protocol) }}
+{{- end }}
+{{- if ne (empty $c.OUTBOX_KAFKA_CLIENT_CERT_FILE) (empty $c.OUTBOX_KAFKA_CLIENT_KEY_FILE) }}
+{{- fail "config.OUTBOX_KAFKA_CLIENT_CERT_FILE and config.OUTBOX_KAFKA_CLIENT_KEY_FILE go together (mutual TLS)" }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -155,6 +191,13 @@ relay's own default applies.
     secretKeyRef:
       name: {{ .Values.nats.existingSecret }}
       key: {{ .Values.nats.secretKey }}
+{{- end }}
+{{- if .Values.kafka.existingSecret }}
+- name: OUTBOX_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.kafka.existingSecret }}
+      key: {{ .Values.kafka.passwordKey }}
 {{- end }}
 {{- if .Values.nats.credsSecret }}
 - name: OUTBOX_NATS_CREDS_FILE
