@@ -15,6 +15,7 @@
 mod common;
 mod kit;
 
+mod kafka;
 mod nats;
 mod rabbitmq;
 mod sqs;
