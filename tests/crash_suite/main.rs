@@ -575,7 +575,8 @@ async fn kafka_relays_killed_and_brokers_dropped_at_random_lose_nothing() {
     let mut run = Run::begin(scenario).await;
     let cluster = std::sync::Arc::new(common::kafka::KafkaMock::start(3));
     let prefix = common::kafka::unique_topic("crash");
-    let topic = format!("{prefix}.order.created");
+    // The producer's event type (see producer.rs).
+    let topic = format!("{prefix}.chaos.test");
     cluster.create_topic(&topic, 6);
     let template = format!("{prefix}.{{event_type}}");
     // Brokers go down one at a time for up to 1.5 s, every 1 to 4 s, while
