@@ -1,14 +1,15 @@
 # Sourced by scripts/test and .ci/run (which define `fail` or not).
 # ensure_build_deps installs, from Debian's packages, what the build needs
 # beyond the Rust toolchain when it is missing: the Kafka sink compiles
-# librdkafka from its bundled C source (gcc, make, perl for its configure
-# script) against the OpenSSL and zlib headers, found with pkg-config.
+# librdkafka from its bundled source (C and C++: its configure script
+# fails without a C++ compiler) with make, against the OpenSSL and zlib
+# headers, found with pkg-config.
 
 ensure_build_deps() {
   local missing=()
   command -v cc >/dev/null 2>&1 || missing+=(gcc)
+  command -v c++ >/dev/null 2>&1 || missing+=(g++)
   command -v make >/dev/null 2>&1 || missing+=(make)
-  command -v perl >/dev/null 2>&1 || missing+=(perl)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   if command -v pkg-config >/dev/null 2>&1; then
     pkg-config --exists openssl || missing+=(libssl-dev)

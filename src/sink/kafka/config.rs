@@ -124,7 +124,8 @@ pub struct KafkaConfig {
 /// partitioner that puts an aggregate on the partition Java clients would,
 /// no topic creation, per-message delivery reports, a producer that tries
 /// no longer than the relay waits), or that have a variable of their own
-/// (servers, security, credentials), so that there is one way to give them.
+/// (servers, security, credentials), so that there is one way to give them,
+/// or that would switch off the check of the brokers' certificates.
 const RELAY_PROPERTIES: &[&str] = &[
     "enable.idempotence",
     "acks",
@@ -144,6 +145,9 @@ const RELAY_PROPERTIES: &[&str] = &[
     "bootstrap.servers",
     "metadata.broker.list",
     "security.protocol",
+    // TLS that checks nothing is no TLS: give the CA with OUTBOX_KAFKA_CA_FILE.
+    "enable.ssl.certificate.verification",
+    "ssl.endpoint.identification.algorithm",
 ];
 
 /// Prefixes of properties with a variable of their own, or that would put
@@ -531,6 +535,7 @@ mod tests {
             "sasl.password",
             "ssl.key.password",
             "bootstrap.servers",
+            "enable.ssl.certificate.verification",
         ] {
             let raw = format!("linger.ms=5,{key}=x");
             let error = KafkaConfig::parse(&KafkaSettings {

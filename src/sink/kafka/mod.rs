@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::client::ClientContext;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::metadata::Metadata;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tracing::{debug, info, warn};
@@ -50,8 +50,9 @@ use message::TopicPattern;
 /// which the relay asks before every claim.
 const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
-/// Bound of a metadata request.
-const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound of a metadata request: within the 3 s `/readyz` gives a sink, so
+/// that an unreachable cluster is reported with the client's reason.
+const METADATA_TIMEOUT: Duration = Duration::from_millis(2500);
 
 /// The producer's context: remembers the last error librdkafka raised for
 /// the client as a whole (all brokers down, authentication), so that
@@ -199,16 +200,16 @@ impl KafkaSink {
             return Ok(());
         }
         *self.seen_state() = None;
+        // A topic named in the request (the template's literal one) comes
+        // back with an error of its own; a missing one is said in words.
         let refused = metadata
             .topics()
             .iter()
             .filter(|topic| self.pattern.matches(topic.name()))
-            .find_map(|topic| topic.error().map(|code| (topic.name().to_owned(), code)));
+            .filter_map(|topic| topic.error().map(|code| (topic.name().to_owned(), RDKafkaErrorCode::from(code))))
+            .find(|(_, code)| *code != RDKafkaErrorCode::UnknownTopicOrPartition);
         Err(SinkError(match (refused, self.pattern.literal()) {
-            (Some((topic, code)), _) => format!(
-                "Kafka answered for topic {topic}: {:?}",
-                rdkafka::types::RDKafkaErrorCode::from(code)
-            ),
+            (Some((topic, code)), _) => format!("Kafka answered for topic {topic}: {code} ({code:?})"),
             (None, Some(topic)) => {
                 format!(
                     "Kafka topic {topic} does not exist (OUTBOX_KAFKA_TOPIC); the relay never creates topics"
@@ -231,13 +232,25 @@ impl KafkaSink {
         };
         self.settle(events, &mut outcomes, deadline).await;
         let outcomes: Vec<Outcome> = outcomes.into_iter().map(|(_, outcome)| outcome).collect();
-        // Every deferral is the cluster's or the network's doing.
-        match outcomes.iter().find_map(|outcome| match outcome {
-            Outcome::Deferred(reason) => Some(reason),
-            _ => None,
-        }) {
-            Some(reason) => self.breaker.trip(reason),
-            None => self.breaker.reset(),
+        let published = outcomes.iter().filter(|o| matches!(o, Outcome::Published)).count();
+        let deferred: Vec<&String> = outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                Outcome::Deferred(reason) => Some(reason),
+                _ => None,
+            })
+            .collect();
+        if published > 0 {
+            // The cluster took records of the template: as good as a look
+            // at its metadata, which need not be asked for meanwhile.
+            *self.seen_state() = Some(Instant::now());
+        }
+        // As the relay's outage rule does: a batch the cluster deferred
+        // more of than it took holds the other workers back for a moment;
+        // a row deferred among published batch-mates slows nobody.
+        match deferred.first() {
+            Some(reason) if deferred.len() > published => self.breaker.trip(reason),
+            _ => self.breaker.reset(),
         }
         outcomes
     }
