@@ -4,9 +4,9 @@
 //! idempotent producer id refused for the cluster's, not enough in-sync
 //! replicas, every broker down, brokers that stop answering, no topic of
 //! the template at all (outages); a topic that does not exist while others
-//! of the template do (the row's, retried); a record over the producer's
-//! `message.max.bytes` and a topic name Kafka refuses (the row's,
-//! quarantined at once); a whole produce request refused as too large
+//! of the template do (the row's, retried); a payload over the producer's
+//! `message.max.bytes`, a record over it with its headers, and a topic
+//! name Kafka refuses (the row's, quarantined at once); a whole produce request refused as too large
 //! (split, everything delivered).
 
 use std::collections::HashSet;
@@ -195,10 +195,11 @@ async fn a_topic_that_does_not_exist_among_others_is_the_rows_retry() {
         .await;
 }
 
-/// A record over the producer's `message.max.bytes`: librdkafka refuses it
-/// before sending, and it can never fit.
+/// A payload over the producer's `message.max.bytes`: the claim does not
+/// even load it (as on every sink, the sink's largest message bounds what
+/// a claim reads), and it can never fit.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_record_over_message_max_bytes_is_rejected() {
+async fn a_payload_over_message_max_bytes_is_rejected() {
     let mut kafka = Kafka::new(1, &["conformance.small", "conformance.big"]);
     kafka.properties = Some("message.max.bytes=2000".to_owned());
     let mut bench = Bench::new(kafka).await;
@@ -209,6 +210,30 @@ async fn a_record_over_message_max_bytes_is_rejected() {
                 "conformance.big",
                 "a",
                 &format!("{{\"blob\": \"{}\"}}", "x".repeat(3000)),
+            ),
+        )
+        .await;
+    bench.start(&[]);
+    bench
+        .assert_row_fault(bad, RowFault::Reject, "exceeds the largest message", &good)
+        .await;
+}
+
+/// A payload under the producer's `message.max.bytes` that goes over it
+/// with its key and headers: librdkafka refuses the record when it is
+/// handed over, before sending, and it can never fit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_over_message_max_bytes_with_its_headers_is_rejected() {
+    let mut kafka = Kafka::new(1, &["conformance.small", "conformance.big"]);
+    kafka.properties = Some("message.max.bytes=2000".to_owned());
+    let mut bench = Bench::new(kafka).await;
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.small",
+            bench.insert_row(
+                "conformance.big",
+                "a",
+                &format!("{{\"blob\": \"{}\"}}", "x".repeat(1950)),
             ),
         )
         .await;

@@ -50,6 +50,12 @@ use message::TopicPattern;
 /// which the relay asks before every claim.
 const RECHECK_AFTER: Duration = Duration::from_secs(5);
 
+/// How long a producer that failed fatally is kept before the next is
+/// made: a cause that lasts (the cluster refusing the producer an id, as
+/// without `IdempotentWrite` permission) would otherwise have a producer
+/// made and failed on every claim.
+const REMAKE_AFTER: Duration = Duration::from_secs(5);
+
 /// Bound of a metadata request: within the 3 s `/readyz` gives a sink, so
 /// that an unreachable cluster is reported with the client's reason.
 const METADATA_TIMEOUT: Duration = Duration::from_millis(2500);
@@ -99,7 +105,8 @@ pub struct KafkaSink {
     config: KafkaConfig,
     format: MessageFormat,
     pattern: TopicPattern,
-    producer: RwLock<Arc<Client>>,
+    /// The producer, and when it was made.
+    producer: RwLock<(Arc<Client>, Instant)>,
     context: RelayContext,
     /// When the cluster was last seen to hold a topic of the template.
     topics_seen: Mutex<Option<Instant>>,
@@ -120,7 +127,7 @@ impl KafkaSink {
             config,
             format,
             pattern,
-            producer: RwLock::new(Arc::new(producer)),
+            producer: RwLock::new((Arc::new(producer), Instant::now())),
             context,
             topics_seen: Mutex::new(None),
             breaker: Breaker::default(),
@@ -132,22 +139,27 @@ impl KafkaSink {
         self.producer
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0
             .clone()
     }
 
     /// The producer, made anew first if the current one raised a fatal
-    /// error (after which librdkafka sends nothing more on it).
+    /// error (after which librdkafka sends nothing more on it) and has had
+    /// its [`REMAKE_AFTER`]; until then, the fatal error.
     fn healthy_producer(&self) -> Result<Arc<Client>, SinkError> {
-        let producer = self.producer();
-        let Some((code, reason)) = producer.client().fatal_error() else {
-            return Ok(producer);
-        };
-        warn!(?code, %reason, "the Kafka producer raised a fatal error; making a new one");
-        let fresh = Arc::new(create(&self.config, self.context.clone())?);
-        *self
+        let mut slot = self
             .producer
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = fresh.clone();
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(why) = fatal_reason(&slot.0) else {
+            return Ok(slot.0.clone());
+        };
+        if slot.1.elapsed() < REMAKE_AFTER {
+            return Err(SinkError(format!("{why}; a new producer is made in a moment")));
+        }
+        warn!(reason = %why, "making a new Kafka producer");
+        let fresh = Arc::new(create(&self.config, self.context.clone())?);
+        *slot = (fresh.clone(), Instant::now());
         Ok(fresh)
     }
 
@@ -226,7 +238,17 @@ impl KafkaSink {
         let mut outcomes = match self.healthy_producer() {
             Ok(producer) => {
                 let _shared = self.isolation.read().await;
-                self.publish_on(&producer, events, deadline).await
+                let mut outcomes = self.publish_on(&producer, events, deadline).await;
+                // Records failed by a fatal error say only "Fatal": the
+                // producer knows the cause.
+                if let Some(why) = fatal_reason(&producer) {
+                    for (verdict, outcome) in &mut outcomes {
+                        if matches!(verdict, Some(Verdict::Fatal(_))) || matches!(outcome, Outcome::Deferred(_)) {
+                            *outcome = Outcome::Deferred(why.clone());
+                        }
+                    }
+                }
+                outcomes
             }
             Err(e) => vec![(None, Outcome::Deferred(e.0)); events.len()],
         };
@@ -430,6 +452,14 @@ impl KafkaSink {
             };
         }
     }
+}
+
+/// The cause of the producer's fatal error, if it raised one.
+fn fatal_reason(producer: &Client) -> Option<String> {
+    producer
+        .client()
+        .fatal_error()
+        .map(|(code, reason)| format!("the Kafka producer failed: {reason} ({code:?})"))
 }
 
 /// The outcome of a verdict; those that need a second look are kept with it.
