@@ -15,14 +15,15 @@
 //! - [`app`] — wiring of `outbox-relay run`: loop, LISTEN, maintenance, HTTP, shutdown.
 //! - [`event`] — [`event::Event`], one outbox row as the relay reads it; [`headers`], the
 //!   producer's optional headers column and the W3C trace context in it.
-//! - [`cloudevents`] — the message format: plain, or CloudEvents (binary mode on RabbitMQ,
-//!   structured on SQS).
+//! - [`cloudevents`] — the message format: plain, or CloudEvents (binary mode on RabbitMQ and
+//!   Kafka, structured on SQS).
 //! - [`relay`] — the loop, claim → publish → record outcomes; `relay::decide` maps outcomes to
 //!   published / retry / quarantine.
 //! - [`store`] — every SQL statement (files in `src/store/sql/`), the table and database
 //!   settings, the embedded migrations, LISTEN.
-//! - [`sink`] — the [`sink::Sink`] contract and one folder per broker: [`sink::amqp`],
-//!   [`sink::sqs`], [`sink::nats`].
+//! - [`sink`] — the [`sink::Sink`] contract and one folder per broker, each a cargo feature:
+//!   `sink::amqp` (`rabbitmq`), `sink::sqs`, `sink::nats`, `sink::kafka`; the destination
+//!   template they share, [`sink::template`].
 //! - [`retry`] — a row's backoff between attempts, a pure function of the attempt.
 //! - [`outage`] — a dependency outage, logged once, waited out with the one in-process retry
 //!   policy.
@@ -30,7 +31,7 @@
 //! - [`metrics`], [`http`] — Prometheus metrics and the health endpoints.
 //! - [`maintenance`] — the backlog gauges' refresher and retention of published rows.
 //! - [`cli`] — the command line and the admin commands.
-//! - [`tls`] — TLS for PostgreSQL, RabbitMQ and NATS alike: certificate files, trust levels, and
+//! - [`tls`] — TLS for PostgreSQL, RabbitMQ and NATS alike (Kafka's is librdkafka's own): certificate files, trust levels, and
 //!   certificate failures in words.
 //! - [`telemetry`] — logging.
 //!

@@ -187,6 +187,10 @@ async fn main() -> Result<(), Error> {
         report::nats_table(&options, Some(&nats::run(&options).await?));
         return Ok(());
     }
+    if options.only_kafka {
+        report::kafka_table(&options, Some(&kafka::run(&options).await?));
+        return Ok(());
+    }
     if options.only_migrate {
         return migrate_lock(&options).await;
     }
@@ -290,10 +294,6 @@ async fn main() -> Result<(), Error> {
             retention.run.events_per_second, retention.retention_deleted
         );
         report::scale_table(&options, &base, &backlog, &claims, &gauges, &retention);
-    }
-    if options.only_kafka {
-        report::kafka_table(&options, Some(&kafka::run(&options).await?));
-        return Ok(());
     }
     if options.only_drain {
         return Ok(());
