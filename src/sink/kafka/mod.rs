@@ -218,7 +218,11 @@ impl KafkaSink {
             .topics()
             .iter()
             .filter(|topic| self.pattern.matches(topic.name()))
-            .filter_map(|topic| topic.error().map(|code| (topic.name().to_owned(), RDKafkaErrorCode::from(code))))
+            .filter_map(|topic| {
+                topic
+                    .error()
+                    .map(|code| (topic.name().to_owned(), RDKafkaErrorCode::from(code)))
+            })
             .find(|(_, code)| *code != RDKafkaErrorCode::UnknownTopicOrPartition);
         Err(SinkError(match (refused, self.pattern.literal()) {
             (Some((topic, code)), _) => format!("Kafka answered for topic {topic}: {code} ({code:?})"),
@@ -243,7 +247,9 @@ impl KafkaSink {
                 // producer knows the cause.
                 if let Some(why) = fatal_reason(&producer) {
                     for (verdict, outcome) in &mut outcomes {
-                        if matches!(verdict, Some(Verdict::Fatal(_))) || matches!(outcome, Outcome::Deferred(_)) {
+                        if matches!(verdict, Some(Verdict::Fatal(_)))
+                            || matches!(outcome, Outcome::Deferred(_))
+                        {
                             *outcome = Outcome::Deferred(why.clone());
                         }
                     }
@@ -254,7 +260,10 @@ impl KafkaSink {
         };
         self.settle(events, &mut outcomes, deadline).await;
         let outcomes: Vec<Outcome> = outcomes.into_iter().map(|(_, outcome)| outcome).collect();
-        let published = outcomes.iter().filter(|o| matches!(o, Outcome::Published)).count();
+        let published = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Published))
+            .count();
         let deferred: Vec<&String> = outcomes
             .iter()
             .filter_map(|outcome| match outcome {
