@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::metadata::Metadata;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -87,6 +88,25 @@ impl RelayContext {
 }
 
 impl ClientContext for RelayContext {
+    /// librdkafka's own lines, under the target `librdkafka`. It logs a
+    /// refused or lost broker connection as an error although it
+    /// reconnects by itself, and the relay reports the outage it makes
+    /// (readiness, `Kafka client error`): warnings at most, so that only
+    /// the relay's own errors are errors.
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, line: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+            | RDKafkaLogLevel::Warning => warn!(target: "librdkafka", facility, "{line}"),
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                info!(target: "librdkafka", facility, "{line}")
+            }
+            RDKafkaLogLevel::Debug => debug!(target: "librdkafka", facility, "{line}"),
+        }
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         let mut last = self.state();
         // librdkafka repeats these while they last: logged when they change.
