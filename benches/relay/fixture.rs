@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lapin::options::BasicConsumeOptions;
@@ -96,6 +96,21 @@ pub async fn unpublished(db: &TestDb) -> Result<i64, Error> {
         )
         .await?
         .get(0))
+}
+
+/// Waits until no row is left to publish, polling every `poll`; an error
+/// after 15 minutes, or when the table cannot be read.
+pub async fn until_published(db: &TestDb, poll: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        match unpublished(db).await? {
+            0 => return Ok(()),
+            left if Instant::now() > deadline => {
+                return Err(format!("{left} rows left after 15 minutes").into())
+            }
+            _ => tokio::time::sleep(poll).await,
+        }
+    }
 }
 
 /// Consumes (auto-ack) in the background, recording when each message id

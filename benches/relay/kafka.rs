@@ -20,7 +20,7 @@ use outbox_test_support::kafka::{unique_topic, KafkaMock};
 use outbox_test_support::RelayProcess;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use crate::fixture::{database, prefill, relay_settings, sample_event, unpublished};
+use crate::fixture::{database, prefill, relay_settings, sample_event, until_published};
 use crate::meter::proc_usage;
 use crate::{Error, Options};
 
@@ -90,17 +90,7 @@ async fn relay(cluster: &KafkaMock, options: &Options) -> Result<(f64, f64), Err
     let mut settings = relay_settings(options, "unused");
     settings.extend(cluster.env(&format!("{prefix}.{{event_type}}")));
     let relay = RelayProcess::start(&db, &settings);
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let outcome: Result<(), Error> = loop {
-        match unpublished(&db).await {
-            Ok(0) => break Ok(()),
-            Ok(left) if Instant::now() > deadline => {
-                break Err(format!("{left} rows left after 15 minutes").into())
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => break Err(e),
-        }
-    };
+    let outcome = until_published(&db, Duration::from_millis(20)).await;
     let rate = options.kafka_rows as f64 / started.elapsed().as_secs_f64();
     let (peak_kib, _) = proc_usage(relay.child.id());
     drop(relay);

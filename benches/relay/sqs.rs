@@ -16,7 +16,7 @@ use outbox_relay::sink::sqs::IN_FLIGHT;
 use outbox_test_support::sqs::{client, TestQueue};
 use outbox_test_support::RelayProcess;
 
-use crate::fixture::{database, prefill, relay_settings, sample_event, unpublished};
+use crate::fixture::{database, prefill, relay_settings, sample_event, until_published};
 use crate::meter::proc_usage;
 use crate::{Error, Options};
 
@@ -105,17 +105,7 @@ async fn relay(endpoint: &str, options: &Options, fifo: bool) -> Result<(f64, f6
     let mut settings = relay_settings(options, "unused");
     settings.extend(queue.env_via(endpoint));
     let relay = RelayProcess::start(&db, &settings);
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let outcome: Result<(), Error> = loop {
-        match unpublished(&db).await {
-            Ok(0) => break Ok(()),
-            Ok(left) if Instant::now() > deadline => {
-                break Err(format!("{left} rows left after 15 minutes").into())
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            Err(e) => break Err(e),
-        }
-    };
+    let outcome = until_published(&db, Duration::from_millis(50)).await;
     let rate = options.sqs_rows as f64 / started.elapsed().as_secs_f64();
     let (peak_kib, _) = proc_usage(relay.child.id());
     drop(relay);

@@ -195,28 +195,30 @@ async fn a_topic_that_does_not_exist_among_others_is_the_rows_retry() {
         .await;
 }
 
+/// With `message.max.bytes=2000`, a row whose payload is `blob` bytes of
+/// JSON string among good rows: refused for its own sake, at once, with a
+/// reason that contains `reason`.
+async fn over_message_max_bytes(blob: usize, reason: &str) {
+    let mut kafka = Kafka::new(1, &["conformance.small", "conformance.big"]);
+    kafka.properties = Some("message.max.bytes=2000".to_owned());
+    let mut bench = Bench::new(kafka).await;
+    let payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(blob));
+    let (bad, good) = bench
+        .among_good_rows(
+            "conformance.small",
+            bench.insert_row("conformance.big", "a", &payload),
+        )
+        .await;
+    bench.start(&[]);
+    bench.assert_row_fault(bad, RowFault::Reject, reason, &good).await;
+}
+
 /// A payload over the producer's `message.max.bytes`: the claim does not
 /// even load it (as on every sink, the sink's largest message bounds what
 /// a claim reads), and it can never fit.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_payload_over_message_max_bytes_is_rejected() {
-    let mut kafka = Kafka::new(1, &["conformance.small", "conformance.big"]);
-    kafka.properties = Some("message.max.bytes=2000".to_owned());
-    let mut bench = Bench::new(kafka).await;
-    let (bad, good) = bench
-        .among_good_rows(
-            "conformance.small",
-            bench.insert_row(
-                "conformance.big",
-                "a",
-                &format!("{{\"blob\": \"{}\"}}", "x".repeat(3000)),
-            ),
-        )
-        .await;
-    bench.start(&[]);
-    bench
-        .assert_row_fault(bad, RowFault::Reject, "exceeds the largest message", &good)
-        .await;
+    over_message_max_bytes(3000, "exceeds the largest message").await;
 }
 
 /// A payload under the producer's `message.max.bytes` that goes over it
@@ -224,23 +226,7 @@ async fn a_payload_over_message_max_bytes_is_rejected() {
 /// handed over, before sending, and it can never fit.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_record_over_message_max_bytes_with_its_headers_is_rejected() {
-    let mut kafka = Kafka::new(1, &["conformance.small", "conformance.big"]);
-    kafka.properties = Some("message.max.bytes=2000".to_owned());
-    let mut bench = Bench::new(kafka).await;
-    let (bad, good) = bench
-        .among_good_rows(
-            "conformance.small",
-            bench.insert_row(
-                "conformance.big",
-                "a",
-                &format!("{{\"blob\": \"{}\"}}", "x".repeat(1950)),
-            ),
-        )
-        .await;
-    bench.start(&[]);
-    bench
-        .assert_row_fault(bad, RowFault::Reject, "message.max.bytes", &good)
-        .await;
+    over_message_max_bytes(1950, "message.max.bytes").await;
 }
 
 /// An event type the template turns into a topic name Kafka refuses (a
