@@ -264,12 +264,11 @@ impl KafkaSink {
                 let _shared = self.isolation.read().await;
                 let mut outcomes = self.publish_on(&producer, events, deadline).await;
                 // Records failed by a fatal error say only "Fatal": the
-                // producer knows the cause.
+                // producer knows the cause. Nothing more is tried on it.
                 if let Some(why) = fatal_reason(&producer) {
                     for (verdict, outcome) in &mut outcomes {
-                        if matches!(verdict, Some(Verdict::Fatal(_)))
-                            || matches!(outcome, Outcome::Deferred(_))
-                        {
+                        if verdict.is_some() || matches!(outcome, Outcome::Deferred(_)) {
+                            *verdict = None;
                             *outcome = Outcome::Deferred(why.clone());
                         }
                     }
