@@ -282,6 +282,42 @@ impl Run {
         chaos
     }
 
+    /// For the runs that read the broker back whole: every event the
+    /// producer wrote (`rows`) is published, none quarantined, and the ids
+    /// found in the broker's `place` are exactly those rows.
+    async fn assert_every_event_published_and_in(
+        &self,
+        rows: &HashSet<String>,
+        found: &HashSet<String>,
+        place: &str,
+    ) {
+        assert_eq!(
+            rows.len(),
+            usize::try_from(self.scenario.events).unwrap(),
+            "the producer inserted every event"
+        );
+        assert_eq!(
+            self.db.count("quarantined_at IS NOT NULL").await,
+            0,
+            "nothing quarantined"
+        );
+        assert_eq!(
+            self.db.count("published_at IS NULL").await,
+            0,
+            "every row published"
+        );
+        assert_eq!(
+            found.difference(rows).count(),
+            0,
+            "nothing in the {place} that is not a row"
+        );
+        assert_eq!(
+            rows.difference(found).count(),
+            0,
+            "0 lost: every event is in the {place}"
+        );
+    }
+
     /// Stops `consumer`, which has seen everything, and checks the run.
     async fn verify(
         mut self,
@@ -520,31 +556,8 @@ async fn nats_jetstream_relays_killed_and_cut_at_random_store_every_event_exactl
         attempts[0],
         run.started.elapsed()
     );
-    assert_eq!(
-        rows.len(),
-        usize::try_from(run.scenario.events).unwrap(),
-        "the producer inserted every event"
-    );
-    assert_eq!(
-        run.db.count("quarantined_at IS NOT NULL").await,
-        0,
-        "nothing quarantined"
-    );
-    assert_eq!(
-        run.db.count("published_at IS NULL").await,
-        0,
-        "every row published"
-    );
-    assert_eq!(
-        in_stream.difference(&rows).count(),
-        0,
-        "nothing in the stream that is not a row"
-    );
-    assert_eq!(
-        rows.difference(&in_stream).count(),
-        0,
-        "0 lost: every event is in the stream"
-    );
+    run.assert_every_event_published_and_in(&rows, &in_stream, "stream")
+        .await;
     assert_eq!(
         duplicated, 0,
         "0 duplicates in the stream, whatever the chaos ({chaos:?})"
@@ -640,31 +653,8 @@ async fn kafka_relays_killed_and_brokers_dropped_at_random_lose_nothing() {
         attempts[0],
         run.started.elapsed()
     );
-    assert_eq!(
-        rows.len(),
-        usize::try_from(run.scenario.events).unwrap(),
-        "the producer inserted every event"
-    );
-    assert_eq!(
-        run.db.count("quarantined_at IS NOT NULL").await,
-        0,
-        "nothing quarantined"
-    );
-    assert_eq!(
-        run.db.count("published_at IS NULL").await,
-        0,
-        "every row published"
-    );
-    assert_eq!(
-        in_topic.difference(&rows).count(),
-        0,
-        "nothing in the topic that is not a row"
-    );
-    assert_eq!(
-        rows.difference(&in_topic).count(),
-        0,
-        "0 lost: every event is in the topic"
-    );
+    run.assert_every_event_published_and_in(&rows, &in_topic, "topic")
+        .await;
     for (event_id, copies) in &copies {
         let first = copies[0];
         for copy in &copies[1..] {
