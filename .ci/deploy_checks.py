@@ -8,6 +8,7 @@ RENDER_DIR holds the chart rendered by `helm template` (see deploy-checks):
   rules-default.yaml  default values plus prometheusRule/serviceMonitor enabled
   full.yaml           ci/full-values.yaml (every setting non-default)
   kafka.yaml          ci/kafka-values.yaml (the Kafka sink with SASL over TLS)
+  routes.yaml         ci/routes-values.yaml (configFile: two destinations, two routes)
 This script writes into it, for promtool:
   rules-default.rules.yml, full.rules.yml   the PrometheusRule specs as rule files
   sidecar-N.yaml                            the sidecar examples of the chart README
@@ -23,6 +24,7 @@ import hashlib
 import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -31,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "outbox-relay"
 RULES_FILE = CHART / "files" / "outbox-relay.rules.yml"
 AGE_ALERT = "OutboxOldestUnpublishedAgeHigh"
-ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxPublishFailuresHigh", "OutboxGaugesStale"}
+ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxPublishFailuresHigh", "OutboxGaugesStale",
+          "OutboxDestinationNotReady"}
 
 # The relay's environment variables (README, "Configuration"). The chart, the compose file and this list must agree.
 SPEC_VARS = [
@@ -67,10 +70,29 @@ SPEC_METRICS = {
     "outbox_quarantined_events", "outbox_events_published_total",
     "outbox_publish_failures_total", "outbox_events_quarantined_total",
     "outbox_publish_lag_seconds", "outbox_retention_deleted_total",
-    "outbox_gauges_refreshed_timestamp_seconds",
+    "outbox_gauges_refreshed_timestamp_seconds", "outbox_destination_ready",
 }
+# The counters and the histogram carry a destination label (README "Routes").
+# The alerts on them are table-wide: each sum over them must drop it.
+DESTINATION_METRICS = {"outbox_events_published_total", "outbox_publish_failures_total",
+                       "outbox_events_quarantined_total", "outbox_publish_lag_seconds"}
 # A URL with a password: never a plain value in a manifest.
 PASSWORD_IN_URL = re.compile(r"://[^/@\s:]+:[^/@\s]+@")
+# The relay's configuration file in the pods (configFile), and ${VAR} in it.
+CONFIG_DIR = "/etc/outbox-relay/config"
+CONFIG_PATH = f"{CONFIG_DIR}/outbox-relay.toml"
+CONFIG_VAR = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def is_sink_var(name):
+    """A sink setting: a destination's key in the file. With destinations the
+    relay reads none of them from its environment, and the chart sets none."""
+    return (name in {"OUTBOX_SINK", "OUTBOX_MESSAGE_FORMAT", "OUTBOX_CLOUDEVENTS_SOURCE"}
+            or re.match(r"OUTBOX_(AMQP|SQS|NATS|KAFKA)_", name) is not None)
+
+
+def routed(values):
+    return bool((values.get("configFile") or {}).get("destination"))
 
 failures = []
 
@@ -202,16 +224,26 @@ def check_env(container, values, where, database_secret, database_key):
         check(password is None, where, f"OUTBOX_KAFKA_SASL_PASSWORD without kafka.existingSecret: {password}")
 
     creds_file = None
-    if nats.get("credsSecret"):
+    if nats.get("credsSecret") and not routed(values):
         creds_file = nats["credsMountPath"].rstrip("/") + "/" + nats["credsKey"]
         check(env.get("OUTBOX_NATS_CREDS_FILE", {}).get("value") == creds_file, where,
               f"OUTBOX_NATS_CREDS_FILE must be the mounted {creds_file}, got {env.get('OUTBOX_NATS_CREDS_FILE')}")
+
+    config_env = env.get("OUTBOX_CONFIG")
+    if values.get("configFile"):
+        check(config_env == {"name": "OUTBOX_CONFIG", "value": CONFIG_PATH}, where,
+              f"OUTBOX_CONFIG must be {CONFIG_PATH} with configFile, got {config_env}")
+    else:
+        check(config_env is None, where, f"OUTBOX_CONFIG without configFile: {config_env}")
 
     for name, value in values["config"].items():
         wanted = env_string(value)
         if name == "OUTBOX_NATS_CREDS_FILE" and creds_file:
             continue
-        if wanted == "":
+        if routed(values) and is_sink_var(name):
+            check(name not in env, where,
+                  f"{name} is a sink setting, which the relay does not read with configFile.destination: must be left unset, got {env.get(name)}")
+        elif wanted == "":
             check(name not in env or "valueFrom" in env[name], where, f"{name} is empty in values and must be left unset")
         else:
             check(env.get(name, {}).get("value") == wanted, where,
@@ -223,6 +255,87 @@ def check_env(container, values, where, database_secret, database_key):
     for e in container.get("env", []):
         check(not PASSWORD_IN_URL.search(str(e.get("value", ""))), where,
               f"{e['name']} holds a URL with a password as a plain value")
+
+
+def same(a, b):
+    """Equal, and of the same types all the way down: TOML tells 8 from 8.0
+    where Python's == does not."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def config_strings(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from config_strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from config_strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def check_config_file(kinds, values, name, where):
+    """configFile: the ConfigMap holds it as TOML, equal to the values with
+    their types; the relay and migrate pods mount it read-only, with
+    OUTBOX_CONFIG naming it (check_env); the pod template's checksum follows
+    it; every ${VAR} in it is in the relay's environment. Without configFile,
+    none of that exists."""
+    maps = {m["metadata"]["name"]: m for m in kinds.get("ConfigMap", [])}
+    file_values = values.get("configFile") or {}
+    deployments = kinds.get("Deployment", [])
+    jobs = kinds.get("Job", [])
+    pods = [("Deployment", d["spec"]["template"], f"{name}-config") for d in deployments]
+    pods += [("migrate Job", j["spec"]["template"], f"{name}-migrate-config") for j in jobs]
+    if not file_values:
+        check(not maps, where, f"ConfigMaps without configFile: {sorted(maps)}")
+        for kind, template, _ in pods:
+            check("config" not in {v["name"] for v in template["spec"].get("volumes") or []}, f"{where} {kind}",
+                  "a config volume without configFile")
+            check("checksum/config" not in (template["metadata"].get("annotations") or {}), f"{where} {kind}",
+                  "checksum/config without configFile")
+        return
+    main = maps.get(f"{name}-config")
+    if not check(main, where, f"no ConfigMap {name}-config with configFile, got {sorted(maps)}"):
+        return
+    text = main.get("data", {}).get("outbox-relay.toml", "")
+    try:
+        parsed = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        check(False, f"{where} ConfigMap {name}-config", f"outbox-relay.toml is not TOML: {error}\n{text}")
+        return
+    check(same(parsed, file_values), f"{where} ConfigMap {name}-config",
+          f"outbox-relay.toml differs from configFile (values, types included):\n{text}\nwanted {file_values}")
+    for kind, template, config_map in pods:
+        w = f"{where} {kind}"
+        pod = template["spec"]
+        container = pod["containers"][0]
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        check(volumes.get("config", {}).get("configMap", {}).get("name") == config_map, w,
+              f"volume config must be ConfigMap {config_map}, got {volumes.get('config')}")
+        check({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True} in (container.get("volumeMounts") or []), w,
+              f"the config volume must be mounted read-only at {CONFIG_DIR}, got {container.get('volumeMounts')}")
+        if check(config_map in maps, w, f"no ConfigMap {config_map}"):
+            check(maps[config_map].get("data") == main.get("data"), w, f"ConfigMap {config_map} differs from {name}-config")
+        env = {e["name"] for e in container.get("env", [])}
+        if not container.get("envFrom"):
+            missing = sorted({v for text in config_strings(file_values) for v in CONFIG_VAR.findall(text)} - env)
+            check(not missing, w, f"configFile uses ${{VAR}} of variables the pod does not set: {missing}")
+    for kind, template, _ in pods[:len(deployments)]:
+        got = (template["metadata"].get("annotations") or {}).get("checksum/config")
+        check(got == hashlib.sha256(text.encode()).hexdigest(), f"{where} {kind}",
+              f"checksum/config must be the sha256 of the file, got {got}")
+    hook = maps.get(f"{name}-migrate-config")
+    if jobs and hook:
+        annotations = hook["metadata"].get("annotations", {})
+        job_weight = int(jobs[0]["metadata"].get("annotations", {}).get("helm.sh/hook-weight", "0"))
+        check(set(annotations.get("helm.sh/hook", "").split(",")) == {"pre-install", "pre-upgrade"}
+              and int(annotations.get("helm.sh/hook-weight", "0")) < job_weight, f"{where} ConfigMap {name}-migrate-config",
+              f"must be a pre-install,pre-upgrade hook created before the Job, got {annotations}")
+    check(bool(jobs) == bool(hook), where, f"ConfigMap {name}-migrate-config must exist exactly with the migrate Job")
 
 
 def check_security(pod, container, where):
@@ -337,6 +450,8 @@ def check_chart_render(docs, values, label):
         check({"action": "replace", "targetLabel": "job", "replacement": "outbox-relay"} in ep.get("relabelings", []),
               where, 'ServiceMonitor must set job="outbox-relay", which the alerts select')
 
+    check_config_file(kinds, values, name, where)
+
     rules = kinds.get("PrometheusRule", [])
     check(len(rules) == (1 if values["prometheusRule"]["enabled"] else 0), where,
           f"PrometheusRule must exist exactly when prometheusRule.enabled ({len(rules)} found)")
@@ -376,6 +491,10 @@ def check_rule_file(rule_file, chart_values):
         check(rule.get("labels", {}).get("severity") in {"warning", "critical"}, where, f"{name} needs a severity")
         used = set(re.findall(r"\boutbox_[a-z_]+", rule["expr"]))
         check(used <= SPEC_METRICS, where, f"{name} uses metrics outside the specification: {used - SPEC_METRICS}")
+        if used & DESTINATION_METRICS:
+            sums = re.findall(r"\bsum\s+(without|by)\s*\(([^)]*)\)", rule["expr"])
+            check(sums and all((kind == "without") == ("destination" in labels) for kind, labels in sums), where,
+                  f"{name}: every sum over {sorted(used & DESTINATION_METRICS)} must drop the destination label (stay table-wide)")
     age = rules.get(AGE_ALERT, {})
     m = re.search(r">\s*([0-9]+(?:\.[0-9]+)?)\s*$", age.get("expr", ""))
     defaults = chart_values["prometheusRule"]["oldestUnpublishedAge"]
@@ -538,6 +657,75 @@ def check_compose():
         check(any(b["source"] == exchange for b in defs.get("bindings", [])), defs_source[0],
               f"no queue is bound to {exchange}: every mandatory publish would fail")
 
+    check_compose_routes(compose, relay["environment"])
+
+
+def check_compose_routes(compose, relay_env):
+    """The routes profile: a relay whose destinations and routes are in a
+    mounted file, on a table of its own (so it does not compete with the
+    default relay), every ${VAR} of the file in its environment and no sink
+    variable there, each destination's exchange or queue declared in the
+    demo brokers, and every event type its producer writes routed."""
+    where = "docker-compose.yml (profile routes)"
+    services = compose.get("services", {})
+    names = ["relay-migrate-routes", "relay-routes", "producer-routes"]
+    if not check(all(n in services for n in names), where, f"services {names} are needed"):
+        return
+    for name in names:
+        check(services[name].get("profiles") == ["routes"], where, f"{name} must be in the routes profile only")
+    for name, command in [("relay-migrate-routes", ["migrate"]), ("relay-routes", ["run"])]:
+        svc = services[name]
+        env = svc.get("environment", {})
+        check(svc.get("command") == command, where, f"{name} must run {command}")
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in svc.get("volumes", [])}
+        source = mounts.get(env.get("OUTBOX_CONFIG", ""))
+        if not check(source and (ROOT / source).is_file(), where,
+                     f"{name}: OUTBOX_CONFIG={env.get('OUTBOX_CONFIG')} must name a mounted file of the repository"):
+            continue
+        check(all(v.endswith(":ro") for v in svc.get("volumes", [])), where, f"{name}: mounts must be read-only")
+        sink_vars = sorted(v for v in env if is_sink_var(v))
+        check(not sink_vars, where, f"{name}: sink variables beside a file with destinations: {sink_vars}")
+        check(env.get("OUTBOX_TABLE") and env.get("OUTBOX_TABLE") != relay_env.get("OUTBOX_TABLE"), where,
+              f"{name} must relay a table of its own, not {relay_env.get('OUTBOX_TABLE')}")
+        text = (ROOT / source).read_text()
+        try:
+            file = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            check(False, source, f"not TOML: {error}")
+            continue
+        used = sorted(set(CONFIG_VAR.findall(text)) - set(env))
+        check(not used, where, f"{name}: {source} uses ${{VAR}} of variables not set: {used}")
+    destinations = {d.get("name"): d for d in file.get("destination", [])}
+    routes = file.get("route", [])
+    check(len(destinations) >= 2 and len(routes) >= 2, source, "needs two destinations and two routes")
+    check({r.get("destination") for r in routes} == set(destinations), source,
+          "every route must name a destination, and every destination be named by a route")
+    defs = json.loads((ROOT / "deploy/rabbitmq/definitions.json").read_text())
+    elasticmq = (ROOT / "deploy/elasticmq/elasticmq.conf").read_text()
+    for name, d in destinations.items():
+        if d.get("sink") == "rabbitmq":
+            exchange = d.get("amqp_exchange", "amq.topic")
+            check(exchange.startswith("amq.") or any(e["name"] == exchange for e in defs.get("exchanges", [])),
+                  "deploy/rabbitmq/definitions.json", f"destination {name}: no exchange {exchange}")
+            check(any(b["source"] == exchange for b in defs.get("bindings", [])), "deploy/rabbitmq/definitions.json",
+                  f"destination {name}: no queue is bound to {exchange}: every mandatory publish would fail")
+        elif d.get("sink") == "sqs":
+            queue = str(d.get("sqs_queue_url", "")).rsplit("/", 1)[-1]
+            check(re.search(rf'^\s*"?{re.escape(queue)}"?\s*\{{', elasticmq, re.M), "deploy/elasticmq/elasticmq.conf",
+                  f"destination {name}: no queue {queue}")
+        else:
+            check(False, source, f"destination {name}: the demo has brokers for rabbitmq and sqs destinations only")
+    producer = " ".join(map(str, services["producer-routes"].get("command", [])))
+    table = services["relay-routes"]["environment"].get("OUTBOX_TABLE")
+    check(f"INSERT INTO {table} " in producer, where, f"producer-routes must insert into {table}")
+    for event_type in re.findall(r"\('([a-z]+\.[a-z_]+)'\)", producer):
+        globs = [r.get("event_type", "") for r in routes]
+        check(any(fnmatch.fnmatchcase(event_type, g) for g in globs), where,
+              f"producer-routes writes {event_type}, which no route of {source} matches")
+    deps = services["relay-routes"].get("depends_on", {})
+    check(deps.get("relay-migrate-routes", {}).get("condition") == "service_completed_successfully", where,
+          "relay-routes must wait for relay-migrate-routes")
+
 
 def check_kafka_render(docs, values):
     """The chart rendered for the Kafka sink: the relay (and the migrate Job,
@@ -615,6 +803,12 @@ def main():
         rule = check_chart_render(load_all(render_dir / f"{name}.yaml"), values, label)
         if rule:
             check_prometheus_rule(rule, rule_file["groups"], values, label, render_dir / f"{name}.rules.yml")
+
+    routes_values = deep_merge(chart_values, yaml.safe_load((CHART / "ci" / "routes-values.yaml").read_text()))
+    check(routed(routes_values) and len(routes_values["configFile"]["destination"]) >= 2
+          and len(routes_values["configFile"].get("route") or []) >= 2,
+          "charts/outbox-relay/ci/routes-values.yaml", "must set configFile with two destinations and two routes")
+    check_chart_render(load_all(render_dir / "routes.yaml"), routes_values, "ci/routes-values.yaml")
 
     kafka_values = deep_merge(chart_values, yaml.safe_load((CHART / "ci" / "kafka-values.yaml").read_text()))
     kafka_docs = load_all(render_dir / "kafka.yaml")

@@ -118,6 +118,11 @@ Deployment, so every render runs them.
 {{- if le $liveness $timeout }}
 {{- fail (printf "livenessProbe.periodSeconds x failureThreshold = %ds must be greater than config.OUTBOX_PUBLISH_TIMEOUT (%ds), or the kubelet may kill a relay waiting on a slow publish" $liveness $timeout) }}
 {{- end }}
+{{- if .Values.configFile }}
+{{- include "outbox-relay.validateConfigFile" . }}
+{{- end }}
+{{- /* With destinations in the file the relay reads no sink variable: the checks of those are the destinations' (values.schema.json, validateConfigFile). */}}
+{{- if not (include "outbox-relay.routed" .) }}
 {{- if and (eq $c.OUTBOX_SINK "sqs") (not $c.OUTBOX_SQS_QUEUE_URL) }}
 {{- fail "config.OUTBOX_SQS_QUEUE_URL is required when config.OUTBOX_SINK is sqs" }}
 {{- end }}
@@ -135,6 +140,7 @@ Deployment, so every render runs them.
 {{- end }}
 {{- if eq (toString $c.OUTBOX_SINK) "kafka" }}
 {{- include "outbox-relay.validateKafka" . }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -172,6 +178,107 @@ values. Only with OUTBOX_SINK=kafka, the one case the relay reads them.
 {{- end }}
 
 {{/*
+The relay's configuration file (configFile), as TOML. Helm reads every YAML
+number of a values file as float64, which toToml writes as 200.0, and the
+relay takes counts as integers: whole numbers are written back as such.
+*/}}
+{{- define "outbox-relay.configToml" -}}
+# Written by the Helm chart from its configFile value.
+{{ regexReplaceAll "(?m)^(\\s*[A-Za-z0-9_.\"-]+ = -?[0-9]+)\\.0$" (toToml .Values.configFile) "${1}" }}
+{{- end }}
+
+{{- define "outbox-relay.configDir" -}}
+/etc/outbox-relay/config
+{{- end }}
+
+{{- define "outbox-relay.configPath" -}}
+{{ include "outbox-relay.configDir" . }}/outbox-relay.toml
+{{- end }}
+
+{{/*
+"true" when the file has destinations: the relay then reads no sink variable
+(OUTBOX_SINK, OUTBOX_AMQP_*, …) of its environment, and warns if one is set.
+*/}}
+{{- define "outbox-relay.routed" -}}
+{{- if and .Values.configFile .Values.configFile.destination }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" for a variable that is a sink setting (a destination's key in the
+file): the chart leaves these out of the environment when the file has
+destinations.
+*/}}
+{{- define "outbox-relay.isSinkVar" -}}
+{{- if or (has . (list "OUTBOX_SINK" "OUTBOX_MESSAGE_FORMAT" "OUTBOX_CLOUDEVENTS_SOURCE")) (regexMatch "^OUTBOX_(AMQP|SQS|NATS|KAFKA)_" .) }}true{{ end }}
+{{- end }}
+
+{{/*
+The checks of configFile that values.schema.json cannot express. The relay
+makes them too (exit 2 at start-up); here they fail the render instead,
+naming the value.
+
+A top-level key of the file is a relay setting, and a set environment
+variable wins over the file: a key whose variable the chart also sets (from
+config, a Secret or extraEnv) would be ignored without a word, so each
+setting has one place.
+*/}}
+{{- define "outbox-relay.validateConfigFile" -}}
+{{- $file := .Values.configFile }}
+{{- $routed := include "outbox-relay.routed" . }}
+{{- $setBy := dict "OUTBOX_DATABASE_URL" "database.existingSecret" }}
+{{- if .Values.database.listenSecretKey }}{{ $_ := set $setBy "OUTBOX_LISTEN_DATABASE_URL" "database.listenSecretKey" }}{{ end }}
+{{- if .Values.amqp.existingSecret }}{{ $_ := set $setBy "OUTBOX_AMQP_URL" "amqp.existingSecret" }}{{ end }}
+{{- if .Values.nats.existingSecret }}{{ $_ := set $setBy "OUTBOX_NATS_URL" "nats.existingSecret" }}{{ end }}
+{{- if .Values.kafka.existingSecret }}{{ $_ := set $setBy "OUTBOX_KAFKA_SASL_PASSWORD" "kafka.existingSecret" }}{{ end }}
+{{- if and .Values.nats.credsSecret (not $routed) }}{{ $_ := set $setBy "OUTBOX_NATS_CREDS_FILE" "nats.credsSecret" }}{{ end }}
+{{- range .Values.extraEnv }}{{ $_ := set $setBy (toString .name) "extraEnv" }}{{ end }}
+{{- range $key, $value := $file }}
+{{- if not (has $key (list "destination" "route")) }}
+{{- $var := printf "OUTBOX_%s" (upper $key) }}
+{{- if has $key (list "http_addr" "publish_timeout") }}
+{{- fail (printf "configFile.%s: set config.%s instead: the chart derives the pods' port and probes, and its checks of terminationGracePeriodSeconds and the liveness probe, from config" $key $var) }}
+{{- else if and $routed (include "outbox-relay.isSinkVar" $var) }}
+{{- fail (printf "configFile.%s: a sink setting at the top level of a file with configFile.destination; it belongs in a destination" $key) }}
+{{- else if hasKey $setBy $var }}
+{{- fail (printf "configFile.%s: the chart sets %s from %s, and the environment wins over the file" $key $var (get $setBy $var)) }}
+{{- else if ne (include "outbox-relay.envValue" (get $.Values.config $var)) "" }}
+{{- fail (printf "configFile.%s: config.%s is set too (%s), and the environment wins over the file: set it in one place (config.%s: null leaves the variable unset)" $key $var (include "outbox-relay.envValue" (get $.Values.config $var)) $var) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $routed }}
+{{- range $secret := list (list "amqp.existingSecret" $.Values.amqp.existingSecret "OUTBOX_AMQP_URL") (list "nats.existingSecret" $.Values.nats.existingSecret "OUTBOX_NATS_URL") (list "kafka.existingSecret" $.Values.kafka.existingSecret "OUTBOX_KAFKA_SASL_PASSWORD") }}
+{{- if index $secret 1 }}
+{{- fail (printf "%s sets %s, which the relay does not read when configFile has destinations: write the destination's setting as \"${VAR}\" and give VAR from the Secret through extraEnv (secretKeyRef)" (index $secret 0) (index $secret 2)) }}
+{{- end }}
+{{- end }}
+{{- $named := dict }}
+{{- range $i, $d := $file.destination }}
+{{- if hasKey $named (toString $d.name) }}
+{{- fail (printf "configFile.destination[%d]: name %q is used by an earlier destination; names are unique" $i (toString $d.name)) }}
+{{- end }}
+{{- $_ := set $named (toString $d.name) false }}
+{{- end }}
+{{- if and (gt (len $file.destination) 1) (not $file.route) }}
+{{- fail (printf "configFile: %d destinations and no configFile.route: with several destinations, routes say which events go where" (len $file.destination)) }}
+{{- end }}
+{{- range $i, $r := $file.route }}
+{{- if not (hasKey $named (toString $r.destination)) }}
+{{- fail (printf "configFile.route[%d]: destination %q is not in configFile.destination" $i (toString $r.destination)) }}
+{{- end }}
+{{- $_ := set $named (toString $r.destination) true }}
+{{- end }}
+{{- if $file.route }}
+{{- range $name, $used := $named }}
+{{- if not $used }}
+{{- fail (printf "configFile.destination: %q is named by no route, so no event would reach it" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The relay's environment but for OUTBOX_DATABASE_URL (which the Deployment and
 the migrate Job may take from different Secrets), shared by both so that they
 validate the same configuration. Empty config values are left out: the
@@ -199,12 +306,17 @@ relay's own default applies.
       name: {{ .Values.kafka.existingSecret }}
       key: {{ .Values.kafka.passwordKey }}
 {{- end }}
-{{- if .Values.nats.credsSecret }}
+{{- $routed := include "outbox-relay.routed" . }}
+{{- if and .Values.nats.credsSecret (not $routed) }}
 - name: OUTBOX_NATS_CREDS_FILE
   value: {{ printf "%s/%s" (trimSuffix "/" .Values.nats.credsMountPath) .Values.nats.credsKey | quote }}
 {{- end }}
+{{- if .Values.configFile }}
+- name: OUTBOX_CONFIG
+  value: {{ include "outbox-relay.configPath" . | quote }}
+{{- end }}
 {{- range $name, $value := .Values.config }}
-{{- if ne (include "outbox-relay.envValue" $value) "" }}
+{{- if and (ne (include "outbox-relay.envValue" $value) "") (not (and $routed (include "outbox-relay.isSinkVar" $name))) }}
 - name: {{ $name }}
   value: {{ include "outbox-relay.envValue" $value | quote }}
 {{- end }}
@@ -249,6 +361,29 @@ readable by, and it is the only process in its container.
 {{- if .Values.nats.credsSecret }}
 - name: nats-creds
   mountPath: {{ .Values.nats.credsMountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The configuration file's volume and mount, for the Deployment (ConfigMap
+<fullname>-config) and the migrate Job (its hook copy, <fullname>-migrate-config,
+which exists before the release's own objects do). Called with a dict: root
+(the chart's context) and configMap (the name).
+*/}}
+{{- define "outbox-relay.configVolume" -}}
+{{- if .root.Values.configFile }}
+- name: config
+  configMap:
+    name: {{ .configMap }}
+    defaultMode: 0444
+{{- end }}
+{{- end }}
+
+{{- define "outbox-relay.configMount" -}}
+{{- if .Values.configFile }}
+- name: config
+  mountPath: {{ include "outbox-relay.configDir" . }}
   readOnly: true
 {{- end }}
 {{- end }}
