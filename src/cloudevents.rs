@@ -65,7 +65,7 @@ impl MessageFormat {
     /// Validates `OUTBOX_MESSAGE_FORMAT` and `OUTBOX_CLOUDEVENTS_SOURCE`;
     /// errors are the problem with the variable returned alongside.
     pub fn parse(format: &str, source: Option<&str>) -> Result<Self, (&'static str, String)> {
-        use crate::config::var;
+        use crate::settings::var;
         match format.trim() {
             "plain" => Ok(Self::Plain),
             "cloudevents" => {

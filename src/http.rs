@@ -7,6 +7,7 @@
 //! gets [`SHUTDOWN_GRACE`] to finish its request, then is dropped. So no
 //! client, however slow or idle, keeps the process up after SIGTERM.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -15,6 +16,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use clap::Args;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -27,6 +29,7 @@ use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::relay::RelayHealth;
+use crate::settings::{var, ConfigError};
 use crate::sink::Sink;
 use crate::store::Store;
 
@@ -48,6 +51,26 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// On shutdown, how long a request in progress has to finish before its
 /// connection is dropped.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Settings of the HTTP endpoints.
+#[derive(Debug, Clone, Args)]
+pub struct HttpSettings {
+    /// Listen address of `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, env = var::HTTP_ADDR, default_value = "0.0.0.0:9090")]
+    pub http_addr: String,
+}
+
+impl HttpSettings {
+    /// Validated HTTP listen address.
+    pub fn validate(&self) -> Result<SocketAddr, ConfigError> {
+        self.http_addr.trim().parse().map_err(|_| {
+            ConfigError::new(
+                var::HTTP_ADDR,
+                format!("'{}' is not an address like 0.0.0.0:9090", self.http_addr),
+            )
+        })
+    }
+}
 
 /// What the endpoints read.
 #[derive(Clone)]
@@ -195,5 +218,22 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
         (StatusCode::OK, "ready\n".to_owned())
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, problems.join("\n") + "\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_address_is_valid_and_a_bad_one_names_its_variable() {
+        let default = HttpSettings {
+            http_addr: "0.0.0.0:9090".into(),
+        };
+        assert_eq!(default.validate(), Ok(SocketAddr::from(([0, 0, 0, 0], 9090))));
+        let http = HttpSettings {
+            http_addr: "nowhere".into(),
+        };
+        assert_eq!(http.validate().unwrap_err().variable, "OUTBOX_HTTP_ADDR");
     }
 }

@@ -10,8 +10,12 @@
 //! ```
 //!
 //! Modules:
-//! - [`config`] — settings from the environment and flags → validated [`config::Config`];
-//!   parsing only, each variable's name written once ([`config::var`]).
+//! - [`settings`] — what every part's settings share: each variable's name written once
+//!   ([`settings::var`]), the error naming one, duration and choice parsing. A leaf that imports
+//!   nothing of ours, so each part can own its settings (flags, environment, validation) without
+//!   importing the assembler.
+//! - [`config`] — the validated [`config::Config`] of `run`, assembled from what each part
+//!   validated; it imports the parts and no part imports it, so imports flow one way, as data does.
 //! - [`app`] — wiring of `outbox-relay run`: loop, LISTEN, maintenance, HTTP, shutdown.
 //! - [`event`] — [`event::Event`], one outbox row as the relay reads it; [`headers`], the
 //!   producer's optional headers column and the W3C trace context in it.
@@ -51,6 +55,7 @@ pub mod metrics;
 pub mod outage;
 pub mod relay;
 pub mod retry;
+pub mod settings;
 pub mod sink;
 pub mod store;
 pub mod telemetry;

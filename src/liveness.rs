@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::outage::MAX_RETRY_DELAY;
-use crate::relay::RelayConfig;
 use crate::store::QUERY_TIMEOUT;
 
 /// The last beat of each relay worker.
@@ -142,11 +141,24 @@ impl Liveness {
 ///    before the lease runs out and take the query timeout.
 ///
 /// With the defaults: (65 s + 30 s) + 2 × 30 s + (65 s + 30 s + 5 s) = 255 s.
-pub fn stall_limit(config: &RelayConfig) -> Duration {
-    let ready = config.lease() + config.publish_timeout;
+pub fn stall_limit(bounds: LoopBounds) -> Duration {
+    let ready = bounds.lease + bounds.publish_timeout;
     let claim = QUERY_TIMEOUT * 2;
-    let batch = config.lease() + QUERY_TIMEOUT + MAX_RETRY_DELAY;
-    ready + claim + batch.max(config.poll_interval).max(MAX_RETRY_DELAY)
+    let batch = bounds.lease + QUERY_TIMEOUT + MAX_RETRY_DELAY;
+    ready + claim + batch.max(bounds.poll_interval).max(MAX_RETRY_DELAY)
+}
+
+/// The relay settings one iteration of a worker's loop is bounded by,
+/// handed over by the relay: liveness knows the loop's shape, not its
+/// configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopBounds {
+    /// How long a claimed batch is leased to its worker.
+    pub lease: Duration,
+    /// `OUTBOX_PUBLISH_TIMEOUT`.
+    pub publish_timeout: Duration,
+    /// `OUTBOX_POLL_INTERVAL`.
+    pub poll_interval: Duration,
 }
 
 #[cfg(test)]
@@ -203,23 +215,18 @@ mod tests {
 
     #[test]
     fn the_limit_covers_the_longest_iteration_of_the_defaults() {
-        let config = RelayConfig {
-            batch_size: 100,
-            poll_interval: Duration::from_millis(500),
-            max_attempts: 10,
+        // The defaults: a 30 s publish timeout, so a 65 s lease, and 500 ms
+        // between polls.
+        let defaults = LoopBounds {
+            lease: Duration::from_secs(65),
             publish_timeout: Duration::from_secs(30),
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
-            on_publish: crate::relay::OnPublish::Mark,
-            ordering: crate::store::Ordering::None,
-            workers: 2,
-            max_batch_bytes: 16 * 1024 * 1024,
+            poll_interval: Duration::from_millis(500),
         };
-        assert_eq!(stall_limit(&config), Duration::from_secs(255));
-        let slow_poll = RelayConfig {
+        assert_eq!(stall_limit(defaults), Duration::from_secs(255));
+        let slow_poll = LoopBounds {
             poll_interval: Duration::from_secs(600),
-            ..config
+            ..defaults
         };
-        assert_eq!(stall_limit(&slow_poll), Duration::from_secs(65 + 30 + 60 + 600));
+        assert_eq!(stall_limit(slow_poll), Duration::from_secs(65 + 30 + 60 + 600));
     }
 }

@@ -6,6 +6,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+use crate::settings::{parse_choice, var, ConfigError};
+
 /// Log output format (`OUTBOX_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -13,6 +15,15 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// Parses `OUTBOX_LOG_FORMAT`.
+pub fn parse_log_format(raw: &str) -> Result<LogFormat, ConfigError> {
+    parse_choice(
+        var::LOG_FORMAT,
+        raw,
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+    )
 }
 
 /// Libraries whose own log lines carry credentials or payloads past some
@@ -67,6 +78,16 @@ pub fn init(format: LogFormat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_format_names_the_accepted_words() {
+        assert_eq!(parse_log_format("json"), Ok(LogFormat::Json));
+        let error = parse_log_format("xml").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "OUTBOX_LOG_FORMAT: 'xml' is not one of text, json"
+        );
+    }
 
     #[test]
     fn amqp_and_aws_internals_are_capped_and_the_rest_follows_rust_log() {

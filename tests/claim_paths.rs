@@ -10,8 +10,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::TestDb;
-use outbox_relay::config::DatabaseSettings;
-use outbox_relay::store::{render_column_reads, ClaimBudget, Ordering, Store};
+use outbox_relay::store::{render_column_reads, ClaimBudget, DatabaseSettings, Ordering, Store};
 use uuid::Uuid;
 
 fn store(db: &TestDb) -> Store {

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use common::rows::Rows;
 use common::TestDb;
-use outbox_relay::config::DatabaseSettings;
-use outbox_relay::store::{ClaimBudget, OnPublish, Ordering, Store};
+use outbox_relay::store::{ClaimBudget, DatabaseSettings, OnPublish, Ordering, Store};
 use uuid::Uuid;
 
 fn store(db: &TestDb) -> Store {

@@ -15,13 +15,12 @@ use common::system::free_addr;
 use common::{eventually, quick_settings, RelayProcess, TestBroker, TestDb};
 use futures::future::BoxFuture;
 use outbox_relay::cli::{Cli, Command};
-use outbox_relay::config::DatabaseSettings;
 use outbox_relay::event::Event;
 use outbox_relay::http::{HttpState, MAX_CONNECTIONS};
 use outbox_relay::liveness::Liveness;
 use outbox_relay::metrics::Metrics;
 use outbox_relay::sink::{Outcome, Sink, SinkError};
-use outbox_relay::store::Store;
+use outbox_relay::store::{DatabaseSettings, Store};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 

@@ -13,11 +13,10 @@ use common::proxy::Proxy;
 use common::rows::Rows;
 use common::system::free_addr;
 use common::{eventually, RelayProcess, TestBroker, TestDb};
-use outbox_relay::config::DatabaseSettings;
 use outbox_relay::maintenance::{gauges, retention};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::CatchUp;
-use outbox_relay::store::{BacklogCounts, GaugeReading, Store, COUNT_CAP, STUCK_SCAN};
+use outbox_relay::store::{BacklogCounts, DatabaseSettings, GaugeReading, Store, COUNT_CAP, STUCK_SCAN};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 

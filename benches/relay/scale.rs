@@ -8,10 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_relay::config::DatabaseSettings;
 use outbox_relay::maintenance::gauges;
 use outbox_relay::metrics::Metrics;
-use outbox_relay::store::{ClaimBudget, Ordering, Store};
+use outbox_relay::store::{ClaimBudget, DatabaseSettings, Ordering, Store};
 
 use crate::fixture::{database, payload_sql, TestDb};
 use crate::{Error, Options};

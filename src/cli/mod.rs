@@ -12,11 +12,14 @@ use thiserror::Error;
 use tracing::info;
 use uuid::Uuid;
 
-use crate::config::{
-    parse_log_format, var, Config, ConfigError, DatabaseSettings, ListenSettings, MigrateSettings,
-    RelaySettings, ServiceSettings, SinkSettings,
-};
-use crate::store::{describe_pg, Store};
+use crate::config::Config;
+use crate::http::HttpSettings;
+use crate::maintenance::retention::RetentionSettings;
+use crate::relay::RelaySettings;
+use crate::settings::{var, ConfigError};
+use crate::sink::SinkSettings;
+use crate::store::{describe_pg, DatabaseSettings, ListenSettings, MigrateSettings, Store};
+use crate::telemetry::parse_log_format;
 
 /// Command-line interface of `outbox-relay`.
 #[derive(Debug, Parser)]
@@ -47,7 +50,9 @@ pub struct RunArgs {
     #[command(flatten)]
     relay: RelaySettings,
     #[command(flatten)]
-    service: ServiceSettings,
+    retention: RetentionSettings,
+    #[command(flatten)]
+    http: HttpSettings,
 }
 
 impl RunArgs {
@@ -61,8 +66,8 @@ impl RunArgs {
             sink: self.sink.validate()?.with_publish_timeout(relay.publish_timeout),
             format: self.sink.format()?,
             relay,
-            retention: self.service.retention()?,
-            http_addr: self.service.http_addr()?,
+            retention: self.retention.validate()?,
+            http_addr: self.http.validate()?,
         })
     }
 }

@@ -28,6 +28,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
@@ -35,7 +36,24 @@ use tracing::{debug, info};
 use super::Outage;
 use crate::metrics::Metrics;
 use crate::relay::CatchUp;
+use crate::settings::{parse_duration, var, ConfigError};
 use crate::store::{RetentionBatch, Store, StoreError};
+
+/// Settings of retention.
+#[derive(Debug, Clone, Args)]
+pub struct RetentionSettings {
+    /// Published rows older than this are deleted; `0` keeps them.
+    #[arg(long, env = var::RETENTION, default_value = "7d")]
+    pub retention: String,
+}
+
+impl RetentionSettings {
+    /// Validated retention: `None` keeps published rows.
+    pub fn validate(&self) -> Result<Option<Duration>, ConfigError> {
+        let retention = parse_duration(&self.retention).map_err(|e| ConfigError::new(var::RETENTION, e))?;
+        Ok((!retention.is_zero()).then_some(retention))
+    }
+}
 
 /// Rows deleted per statement: small enough that a batch takes
 /// milliseconds and its WAL is modest, large enough that a day of traffic
@@ -172,5 +190,18 @@ mod tests {
         let took = Duration::from_millis(20);
         assert_eq!(pause_after(took, false), Duration::ZERO);
         assert_eq!(pause_after(took, true), Duration::from_millis(60));
+    }
+
+    #[test]
+    fn retention_is_a_duration_and_zero_keeps_rows() {
+        let retention = |raw: &str| {
+            RetentionSettings {
+                retention: raw.into(),
+            }
+            .validate()
+        };
+        assert_eq!(retention("7d"), Ok(Some(Duration::from_secs(7 * 86_400))));
+        assert_eq!(retention("0"), Ok(None));
+        assert_eq!(retention("a week").unwrap_err().variable, "OUTBOX_RETENTION");
     }
 }

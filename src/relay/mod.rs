@@ -10,6 +10,7 @@
 mod catch_up;
 mod decide;
 mod health;
+mod settings;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -24,9 +25,10 @@ use uuid::Uuid;
 pub use catch_up::{CatchUp, CATCHING_UP_FOR};
 pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
 pub use health::{BatchHealth, RelayHealth, Turn, PROBE_ROWS};
+pub use settings::RelaySettings;
 
 use crate::headers::batch_trace_ids;
-use crate::liveness::{stall_limit, Liveness};
+use crate::liveness::{stall_limit, Liveness, LoopBounds};
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
 use crate::retry::Backoff;
@@ -93,7 +95,14 @@ impl Relay {
         Self {
             store,
             sink: sink.clone(),
-            liveness: Arc::new(Liveness::new(config.workers as usize, stall_limit(&config))),
+            liveness: Arc::new(Liveness::new(
+                config.workers as usize,
+                stall_limit(LoopBounds {
+                    lease: config.lease(),
+                    publish_timeout: config.publish_timeout,
+                    poll_interval: config.poll_interval,
+                }),
+            )),
             config,
             metrics,
             catch_up: Arc::default(),

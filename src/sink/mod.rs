@@ -23,6 +23,7 @@ pub mod amqp;
 pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod settings;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 pub mod template;
@@ -35,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use thiserror::Error;
+
+pub use settings::SinkSettings;
 
 use crate::cloudevents::MessageFormat;
 use crate::event::Event;

@@ -24,7 +24,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Connection, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::config::ConfigError;
+use crate::settings::ConfigError;
 use crate::tls::{self, Trust, Which};
 
 /// libpq's `sslmode`, with libpq's meaning.

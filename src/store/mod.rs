@@ -13,6 +13,7 @@ mod listen;
 mod migrate;
 mod pooler;
 mod presence;
+mod settings;
 mod table;
 
 use std::time::Duration;
@@ -34,6 +35,7 @@ pub use connect::{PgTls, SslMode};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
 pub use pooler::Pooler;
+pub use settings::{DatabaseSettings, ListenSettings, MigrateSettings};
 pub use table::{describe_pg, DatabaseConfig, Endpoint, TableName};
 
 /// Renders a statement's `{read:column}` placeholders as the store does,

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::connect::{self, PgTls};
 use super::Pooler;
-use crate::config::{var, ConfigError};
+use crate::settings::{var, ConfigError};
 
 /// A validated, possibly schema-qualified table name, quoted for SQL.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{var, ConfigError};
+use crate::settings::{var, ConfigError};
 pub use crate::sink::template::RoutingKeyTemplate;
 use crate::tls::{self, Trust, Which};
 

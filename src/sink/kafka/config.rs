@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 
-use crate::config::{var, ConfigError};
+use crate::settings::{var, ConfigError};
 use crate::sink::template::RoutingKeyTemplate;
 
 /// librdkafka's default `message.max.bytes`, and so the largest message a

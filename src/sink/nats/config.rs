@@ -1,5 +1,6 @@
-//! The NATS sink's settings and their validation; `crate::config` calls
-//! [`NatsConfig::parse`] for `OUTBOX_SINK=nats`.
+//! The NATS sink's settings and their validation;
+//! [`SinkSettings`](crate::sink::SinkSettings) calls [`NatsConfig::parse`]
+//! for `OUTBOX_SINK=nats`.
 //!
 //! async-nats does not read credentials from a server URL, so they are
 //! taken out of the URLs here: a `user:password@` pair, or a lone `token@`
@@ -10,7 +11,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::config::{var, ConfigError};
+use crate::settings::{var, ConfigError};
 use crate::sink::template::RoutingKeyTemplate;
 use crate::tls::{self, Trust};
 

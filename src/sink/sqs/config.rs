@@ -1,8 +1,8 @@
 //! The SQS sink's settings and their validation, kept beside the sink that
-//! reads them; `crate::config` calls [`SqsConfig::from_settings`] for
-//! `OUTBOX_SINK=sqs`.
+//! reads them; [`SinkSettings`](crate::sink::SinkSettings) calls
+//! [`SqsConfig::from_settings`] for `OUTBOX_SINK=sqs`.
 
-use crate::config::{var, ConfigError};
+use crate::settings::{var, ConfigError};
 
 /// SQS sink settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
