@@ -20,7 +20,7 @@ use crate::http::HttpState;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
-use crate::relay::Relay;
+use crate::relay::{Destination, Relay};
 use crate::sink::Sink;
 use crate::store::{describe_pg, Store};
 
@@ -43,32 +43,75 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// cancelled, then waits for the batches in flight to settle. Fails when
 /// one of them stops on its own before that.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let sink: Arc<dyn Sink> = crate::sink::build(&config.sink, &config.format).await?.into();
-    serve_with_sink(config, sink, shutdown).await
+    let mut sinks: Vec<Arc<dyn Sink>> = Vec::with_capacity(config.destinations.len());
+    for destination in &config.destinations {
+        let sink = crate::sink::build(&destination.sink, &destination.format)
+            .await
+            .with_context(|| format!("destination {}", destination.name))?;
+        sinks.push(sink.into());
+    }
+    serve_with_sinks(config, sinks, shutdown).await
 }
 
-/// [`serve`] with a sink built by the caller instead of from
-/// `config.sink`.
+/// [`serve`] with one sink built by the caller instead of from the
+/// configuration, every event to it.
 pub async fn serve_with_sink(
-    config: Config,
+    mut config: Config,
     sink: Arc<dyn Sink>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    config.destinations.truncate(1);
+    config.router = crate::route::Router::everything_to_one();
+    serve_with_sinks(config, vec![sink], shutdown).await
+}
+
+/// [`serve`] with the destinations' sinks built by the caller, one per
+/// destination of the configuration, in its order.
+async fn serve_with_sinks(
+    config: Config,
+    sinks: Vec<Arc<dyn Sink>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("cannot listen on OUTBOX_HTTP_ADDR {}", config.http_addr))?;
     let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(Store::new(&config.database, pool_size(config.relay.workers)));
+    let mut store = Store::new(&config.database, pool_size(config.relay.workers));
+    // One destination takes every row: its claims need no route filter.
+    if sinks.len() > 1 {
+        store = store.with_routes(config.router.routes().len());
+    }
+    let store = Arc::new(store);
+    let kinds: Vec<&str> = sinks.iter().map(|sink| sink.kind()).collect();
     info!(
         database = %describe_pg(&config.database.pg),
         table = %config.database.table,
         sslmode = config.database.tls.mode().name(),
         pooler = ?config.database.pooler,
-        sink = sink.kind(),
+        sink = %kinds.join(", "),
         http = %config.http_addr,
         "starting"
     );
-    let relay = Relay::new(store.clone(), sink.clone(), config.relay.clone(), metrics.clone());
+    let destinations = config
+        .destinations
+        .iter()
+        .zip(sinks)
+        .map(|(destination, sink)| {
+            Destination::new(
+                destination.name.clone(),
+                sink,
+                metrics.destination(&destination.name),
+                config.relay.publish_timeout,
+            )
+        })
+        .collect();
+    let relay = Relay::routed(
+        store.clone(),
+        destinations,
+        config.router.clone(),
+        config.relay.clone(),
+        metrics.clone(),
+    );
     let liveness = relay.liveness();
     let mut tasks = Tasks::new(shutdown.clone());
     // The endpoints stop last, once everything else has: probes and a
@@ -77,7 +120,7 @@ pub async fn serve_with_sink(
     let http_state = HttpState {
         metrics: metrics.clone(),
         store: store.clone(),
-        sink: sink.clone(),
+        destinations: relay.destinations(),
         liveness: liveness.clone(),
         health: relay.health(),
     };

@@ -28,9 +28,8 @@ use tracing::debug;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
-use crate::relay::RelayHealth;
+use crate::relay::{Destination, RelayHealth, DEFAULT_DESTINATION};
 use crate::settings::{var, ConfigError};
-use crate::sink::Sink;
 use crate::store::Store;
 
 /// How long a readiness probe waits for each dependency.
@@ -79,8 +78,8 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     /// Database, for readiness.
     pub store: Arc<Store>,
-    /// Sink, for readiness.
-    pub sink: Arc<dyn Sink>,
+    /// The destinations, for readiness.
+    pub destinations: Arc<[Destination]>,
     /// The relay workers' heartbeat, for liveness.
     pub liveness: Arc<Liveness>,
     /// What the relay's own claims and batches say, for readiness.
@@ -194,29 +193,83 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     )
 }
 
+/// `/readyz`: 200 while the database works and at least one destination
+/// takes messages, 503 otherwise; the body says what is wrong. One
+/// destination down among several does not take the replica out of
+/// rotation: its rows wait while the others flow, and its own alert
+/// (`outbox_destination_ready`) says so.
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
-    let database = tokio::time::timeout(PROBE_TIMEOUT, state.store.ping()).await;
-    let sink = tokio::time::timeout(PROBE_TIMEOUT, state.sink.ready()).await;
+    // Every dependency at once: the probe's time is the slowest one's.
+    let database = tokio::time::timeout(PROBE_TIMEOUT, state.store.ping());
+    let sinks = futures::future::join_all(
+        state
+            .destinations
+            .iter()
+            .map(|destination| tokio::time::timeout(PROBE_TIMEOUT, destination.sink.ready())),
+    );
+    let (database, sinks) = tokio::join!(database, sinks);
     let mut problems = Vec::new();
     match database {
         Ok(Ok(())) => {}
         Ok(Err(e)) => problems.push(format!("database: {e}")),
         Err(_) => problems.push(format!("database: no answer within {PROBE_TIMEOUT:?}")),
     }
-    match sink {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => problems.push(format!("{}: {e}", state.sink.kind())),
-        Err(_) => problems.push(format!(
-            "{}: no answer within {PROBE_TIMEOUT:?}",
-            state.sink.kind()
-        )),
+    // A database that answers SELECT 1 while every claim fails is not ready.
+    problems.extend(state.health.problem());
+    // A broker that answers its probe while deferring every batch is not
+    // ready either.
+    let states: Vec<(&Destination, Option<String>)> = state
+        .destinations
+        .iter()
+        .zip(sinks)
+        .map(|(destination, check)| {
+            let problem = match check {
+                Ok(Ok(())) => destination
+                    .health
+                    .problem()
+                    .map(|deferring| format!("broker: {deferring}")),
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
+            };
+            (destination, problem)
+        })
+        .collect();
+    let any_ready = states.iter().any(|(_, problem)| problem.is_none());
+    // A relay configured by the environment answers as it always has.
+    if let [(only, problem)] = states.as_slice() {
+        if only.name == DEFAULT_DESTINATION {
+            problems.extend(
+                problem
+                    .as_ref()
+                    .map(|problem| match problem.strip_prefix("broker: ") {
+                        Some(_) => problem.clone(),
+                        None => format!("{}: {problem}", only.sink.kind()),
+                    }),
+            );
+            return if problems.is_empty() {
+                (StatusCode::OK, "ready\n".to_owned())
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, problems.join("\n") + "\n")
+            };
+        }
     }
-    // A database that answers SELECT 1 while every claim fails, or a broker
-    // that answers its probe while deferring every batch, is not ready.
-    problems.extend(state.health.problems());
-    if problems.is_empty() {
-        (StatusCode::OK, "ready\n".to_owned())
+    let lines = states.iter().map(|(destination, problem)| match problem {
+        None => format!(
+            "destination {} ({}): ready",
+            destination.name,
+            destination.sink.kind()
+        ),
+        Some(problem) => format!(
+            "destination {} ({}): not ready: {problem}",
+            destination.name,
+            destination.sink.kind()
+        ),
+    });
+    if problems.is_empty() && any_ready {
+        let body: Vec<String> = std::iter::once("ready".to_owned()).chain(lines).collect();
+        (StatusCode::OK, body.join("\n") + "\n")
     } else {
+        problems.extend(lines);
         (StatusCode::SERVICE_UNAVAILABLE, problems.join("\n") + "\n")
     }
 }

@@ -55,6 +55,7 @@ pub mod metrics;
 pub mod outage;
 pub mod relay;
 pub mod retry;
+pub mod route;
 pub mod settings;
 pub mod sink;
 pub mod store;

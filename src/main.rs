@@ -2,9 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = outbox_relay::cli::Cli::parse();
+    let cli = outbox_relay::cli::Cli::parse_with_sources();
     outbox_relay::cli::execute(cli)
 }

@@ -1,10 +1,13 @@
-//! The Prometheus metrics whose names operators' dashboards and alerts rely on. Labels are never per event: every
-//! series here is a single one per replica.
+//! The Prometheus metrics whose names operators' dashboards and alerts rely on. Labels are never per event: the
+//! table's gauges are one series per replica, the publishing metrics one per destination, whose names come from
+//! the configuration file (`default` without one), never from rows.
 
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -16,6 +19,36 @@ const LAG_BUCKETS: [f64; 20] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
     3600.0, 7200.0, 21600.0,
 ];
+
+/// The `destination` label of the publishing metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DestinationLabel {
+    /// The destination's name; empty for rows quarantined before a
+    /// destination was chosen (no route, a row that cannot be read).
+    pub destination: String,
+}
+
+/// A histogram family whose members all have the lag buckets.
+type LagFamily = Family<DestinationLabel, Histogram, fn() -> Histogram>;
+
+fn lag_histogram() -> Histogram {
+    Histogram::new(LAG_BUCKETS)
+}
+
+/// One destination's publishing metrics, the handles into the families.
+#[derive(Debug, Clone)]
+pub struct DestinationMetrics {
+    /// Confirmed publishes.
+    pub published: Counter,
+    /// Failed attempts.
+    pub failures: Counter,
+    /// Rows quarantined.
+    pub quarantined: Counter,
+    /// `created_at` to confirmed publish.
+    pub lag: Histogram,
+    /// 1 while the destination is ready, 0 while not.
+    pub ready: Gauge,
+}
 
 /// Every metric the relay exposes, registered once.
 pub struct Metrics {
@@ -30,14 +63,16 @@ pub struct Metrics {
     pub stuck_aggregates: Gauge,
     /// Unix time (database clock) at which the counts shown were computed.
     pub gauges_refreshed: Gauge<f64, AtomicU64>,
-    /// Confirmed publishes.
-    pub published_total: Counter,
-    /// Failed attempts.
-    pub publish_failures_total: Counter,
-    /// Rows this replica quarantined.
-    pub quarantined_total: Counter,
-    /// `created_at` to confirmed publish.
-    pub publish_lag: Histogram,
+    /// Confirmed publishes, per destination.
+    pub published_total: Family<DestinationLabel, Counter>,
+    /// Failed attempts, per destination.
+    pub publish_failures_total: Family<DestinationLabel, Counter>,
+    /// Rows this replica quarantined, per destination.
+    pub quarantined_total: Family<DestinationLabel, Counter>,
+    /// `created_at` to confirmed publish, per destination.
+    pub publish_lag: LagFamily,
+    /// Whether each destination is ready.
+    pub destination_ready: Family<DestinationLabel, Gauge>,
     /// Rows deleted by retention.
     pub retention_deleted_total: Counter,
     /// Unix time by which every relay worker had last made progress; set
@@ -61,10 +96,11 @@ impl Metrics {
             quarantined: Gauge::default(),
             stuck_aggregates: Gauge::default(),
             gauges_refreshed: Gauge::default(),
-            published_total: Counter::default(),
-            publish_failures_total: Counter::default(),
-            quarantined_total: Counter::default(),
-            publish_lag: Histogram::new(LAG_BUCKETS),
+            published_total: Family::default(),
+            publish_failures_total: Family::default(),
+            quarantined_total: Family::default(),
+            publish_lag: Family::new_with_constructor(lag_histogram),
+            destination_ready: Family::default(),
             retention_deleted_total: Counter::default(),
             last_progress: Gauge::default(),
             registry: Registry::default(),
@@ -124,6 +160,12 @@ impl Metrics {
             metrics.publish_lag.clone(),
         );
         registry.register(
+            "outbox_destination_ready",
+            "1 while the destination takes messages (its broker is reachable and not deferring batches), 0 while \
+             its rows wait",
+            metrics.destination_ready.clone(),
+        );
+        registry.register(
             "outbox_retention_deleted",
             "Published rows deleted by retention",
             metrics.retention_deleted_total.clone(),
@@ -134,6 +176,32 @@ impl Metrics {
             metrics.last_progress.clone(),
         );
         Self { registry, ..metrics }
+    }
+
+    /// The publishing metrics of one destination, created at zero so that
+    /// every destination has its series from the start.
+    pub fn destination(&self, name: &str) -> DestinationMetrics {
+        let label = DestinationLabel {
+            destination: name.to_owned(),
+        };
+        DestinationMetrics {
+            published: self.published_total.get_or_create(&label).clone(),
+            failures: self.publish_failures_total.get_or_create(&label).clone(),
+            quarantined: self.quarantined_total.get_or_create(&label).clone(),
+            lag: self.publish_lag.get_or_create(&label).clone(),
+            ready: self.destination_ready.get_or_create(&label).clone(),
+        }
+    }
+
+    /// The counters of rows quarantined before a destination was chosen.
+    pub fn unrouted(&self) -> (Counter, Counter) {
+        let label = DestinationLabel {
+            destination: String::new(),
+        };
+        (
+            self.publish_failures_total.get_or_create(&label).clone(),
+            self.quarantined_total.get_or_create(&label).clone(),
+        )
     }
 
     /// The Prometheus text exposition of every metric.
@@ -152,16 +220,19 @@ mod tests {
     #[test]
     fn exposes_the_spec_names() {
         let metrics = Metrics::new();
-        metrics.published_total.inc();
-        metrics.publish_lag.observe(0.02);
+        let orders = metrics.destination("orders");
+        orders.published.inc();
+        orders.lag.observe(0.02);
+        orders.ready.set(1);
         let text = metrics.render();
         for name in [
             "outbox_unpublished_events ",
             "outbox_oldest_unpublished_age_seconds ",
             "outbox_quarantined_events ",
-            "outbox_events_published_total 1",
-            "outbox_publish_failures_total ",
-            "outbox_events_quarantined_total ",
+            "outbox_events_published_total{destination=\"orders\"} 1",
+            "outbox_publish_failures_total{destination=\"orders\"} 0",
+            "outbox_events_quarantined_total{destination=\"orders\"} 0",
+            "outbox_destination_ready{destination=\"orders\"} 1",
             "outbox_publish_lag_seconds_bucket",
             "outbox_retention_deleted_total ",
             "outbox_gauges_refreshed_timestamp_seconds ",

@@ -2,6 +2,7 @@
 //! never on every failed try, and waited out with the one in-process retry
 //! policy ([`retry_delays`]).
 
+use std::borrow::Cow;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -12,23 +13,26 @@ use tracing::{debug, info, warn};
 /// Whether a dependency's last use failed, and since when.
 #[derive(Debug)]
 pub struct Outage {
-    what: &'static str,
+    what: Cow<'static, str>,
     since: Option<Instant>,
 }
 
 impl Outage {
     /// Tracks `what` (a dependency or task name used in the log lines).
-    pub fn new(what: &'static str) -> Self {
-        Self { what, since: None }
+    pub fn new(what: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            what: what.into(),
+            since: None,
+        }
     }
 
     /// Records a failure: a warning for the first, debug lines after it.
     pub fn failed(&mut self, error: &dyn std::fmt::Display) {
         if self.since.is_none() {
-            warn!(dependency = self.what, %error, "unavailable; retrying quietly until it is back");
+            warn!(dependency = %self.what, %error, "unavailable; retrying quietly until it is back");
             self.since = Some(Instant::now());
         } else {
-            debug!(dependency = self.what, %error, "still unavailable");
+            debug!(dependency = %self.what, %error, "still unavailable");
         }
     }
 
@@ -36,7 +40,7 @@ impl Outage {
     pub fn succeeded(&mut self) {
         if let Some(since) = self.since.take() {
             info!(
-                dependency = self.what,
+                dependency = %self.what,
                 outage_secs = since.elapsed().as_secs_f64(),
                 "available again"
             );

@@ -66,6 +66,7 @@ pub mod var {
     pub const NOTIFY_TRIGGER: &str = "OUTBOX_NOTIFY_TRIGGER";
     pub const MESSAGE_FORMAT: &str = "OUTBOX_MESSAGE_FORMAT";
     pub const CLOUDEVENTS_SOURCE: &str = "OUTBOX_CLOUDEVENTS_SOURCE";
+    pub const CONFIG: &str = "OUTBOX_CONFIG";
 }
 
 /// A configuration value that cannot be used. `Display` is the one line the

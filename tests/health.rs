@@ -19,6 +19,7 @@ use outbox_relay::event::Event;
 use outbox_relay::http::{HttpState, MAX_CONNECTIONS};
 use outbox_relay::liveness::Liveness;
 use outbox_relay::metrics::Metrics;
+use outbox_relay::relay::Destination;
 use outbox_relay::sink::{Outcome, Sink, SinkError};
 use outbox_relay::store::{DatabaseSettings, Store};
 use tokio_util::sync::CancellationToken;
@@ -94,7 +95,9 @@ async fn a_panicking_worker_ends_the_service_with_an_error() {
     let Some(Command::Run(args)) = cli.command else {
         panic!("`run` parses as the run command")
     };
-    let config = args.validate().expect("valid settings");
+    let config = args
+        .validate(&outbox_relay::config::Sources::default())
+        .expect("valid settings");
     let shutdown = CancellationToken::new();
 
     let ended = tokio::time::timeout(
@@ -120,11 +123,18 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
     .validate()
     .expect("valid settings");
     let liveness = Arc::new(Liveness::new(2, Duration::from_millis(300)));
+    let metrics = Arc::new(Metrics::new());
+    let destination = Destination::new(
+        "default".to_owned(),
+        Arc::new(PanickingSink),
+        metrics.destination("default"),
+        Duration::from_secs(1),
+    );
     let state = HttpState {
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         // Neither is used by /healthz; the pool connects lazily.
         store: Arc::new(Store::new(&database, 1)),
-        sink: Arc::new(PanickingSink),
+        destinations: vec![destination].into(),
         liveness: liveness.clone(),
         health: Default::default(),
     };

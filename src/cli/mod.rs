@@ -4,21 +4,23 @@
 
 pub mod admin;
 
+use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use thiserror::Error;
 use tracing::info;
 use uuid::Uuid;
 
-use crate::config::Config;
+use crate::config::{Config, SettingsError, Sources};
 use crate::http::HttpSettings;
 use crate::maintenance::retention::RetentionSettings;
 use crate::relay::RelaySettings;
 use crate::settings::{var, ConfigError};
 use crate::sink::SinkSettings;
-use crate::store::{describe_pg, DatabaseSettings, ListenSettings, MigrateSettings, Store};
+use crate::store::{describe_pg, DatabaseConfig, DatabaseSettings, ListenSettings, MigrateSettings, Store};
 use crate::telemetry::parse_log_format;
 
 /// Command-line interface of `outbox-relay`.
@@ -28,6 +30,17 @@ pub struct Cli {
     /// Log format: `text` or `json`; the level comes from `RUST_LOG`.
     #[arg(long, env = var::LOG_FORMAT, default_value = "text", global = true)]
     pub log_format: String,
+
+    /// Configuration file (TOML): every setting below by its name in lower
+    /// case without `OUTBOX_`, plus `[[destination]]` and `[[route]]`
+    /// tables; a flag or a set variable wins over the file.
+    #[arg(long, env = var::CONFIG, global = true)]
+    pub config: Option<String>,
+
+    /// The settings a flag or a variable gave, which the file does not
+    /// override (filled by [`Cli::parse_with_sources`]).
+    #[arg(skip)]
+    pub explicit: BTreeSet<String>,
 
     /// What to do; `run` when omitted.
     #[command(subcommand)]
@@ -56,20 +69,61 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// Validates everything, before anything connects.
-    pub fn validate(&self) -> Result<Config, ConfigError> {
-        let database = self.database.validate()?;
-        let relay = self.relay.validate()?;
+    /// Validates everything, the file's settings included, before anything
+    /// connects.
+    pub fn validate(&self, sources: &Sources) -> Result<Config, SettingsError> {
+        let mut args = self.clone();
+        sources.apply(&mut args)?;
+        let locate = |error: ConfigError| sources.locate(error);
+        let database = args.database.validate().map_err(locate)?;
+        let relay = args.relay.validate().map_err(locate)?;
+        let (destinations, router) = sources.destinations(&args.sink, relay.publish_timeout)?;
         Ok(Config {
-            listen: self.listen.validate(&database)?,
+            listen: args.listen.validate(&database).map_err(locate)?,
             database,
-            sink: self.sink.validate()?.with_publish_timeout(relay.publish_timeout),
-            format: self.sink.format()?,
+            destinations,
+            router,
             relay,
-            retention: self.retention.validate()?,
-            http_addr: self.http.validate()?,
+            retention: args.retention.validate().map_err(locate)?,
+            http_addr: args.http.validate().map_err(locate)?,
         })
     }
+}
+
+impl Cli {
+    /// Parses the process's arguments, noting which settings a flag or a
+    /// variable gave.
+    pub fn parse_with_sources() -> Self {
+        let matches = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.explicit = explicit(&matches);
+        cli
+    }
+}
+
+/// The ids of the settings given by a flag or a variable, in the command
+/// and its subcommands. A variable set to nothing is unset, as charts and
+/// compose files write "unset".
+fn explicit(matches: &ArgMatches) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    let mut current = Some(matches);
+    while let Some(matches) = current {
+        for id in matches.ids() {
+            let id = id.as_str();
+            let given = matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+            let empty = matches
+                .get_raw(id)
+                .is_some_and(|mut values| values.all(|value| value.is_empty()));
+            if given && !(empty && matches.value_source(id) == Some(ValueSource::EnvVariable)) {
+                ids.insert(id.to_owned());
+            }
+        }
+        current = matches.subcommand().map(|(_, sub)| sub);
+    }
+    ids
 }
 
 /// The subcommands.
@@ -148,6 +202,10 @@ pub enum CliError {
     /// Invalid configuration: exit 2.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Invalid configuration, from a setting or the configuration file:
+    /// exit 2.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
     /// Invalid arguments: exit 2.
     #[error("{0}")]
     Usage(String),
@@ -159,7 +217,7 @@ pub enum CliError {
 impl CliError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            CliError::Config(_) | CliError::Usage(_) => ExitCode::from(2),
+            CliError::Config(_) | CliError::Settings(_) | CliError::Usage(_) => ExitCode::from(2),
             CliError::Failed(_) => ExitCode::from(1),
         }
     }
@@ -167,7 +225,18 @@ impl CliError {
 
 /// Runs the parsed command line and returns the process exit status.
 pub fn execute(cli: Cli) -> ExitCode {
-    let format = match parse_log_format(&cli.log_format) {
+    let sources = match Sources::read(cli.config.as_deref(), cli.explicit.clone()) {
+        Ok(sources) => sources,
+        Err(e) => {
+            eprintln!("outbox-relay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let log_format = match sources.file.as_ref().and_then(|file| file.setting("log_format")) {
+        Some(entry) if !sources.explicit.contains("log_format") => entry.value.clone(),
+        _ => cli.log_format.clone(),
+    };
+    let format = match parse_log_format(&log_format) {
         Ok(format) => format,
         Err(e) => {
             eprintln!("outbox-relay: {e}");
@@ -182,7 +251,7 @@ pub fn execute(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    match runtime.block_on(dispatch(cli, sources)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("outbox-relay: {e}");
@@ -191,26 +260,39 @@ pub fn execute(cli: Cli) -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<(), CliError> {
+async fn dispatch(cli: Cli, sources: Sources) -> Result<(), CliError> {
+    // The admin commands read the database settings from the file too.
+    let database = |mut settings: DatabaseSettings| -> Result<DatabaseConfig, CliError> {
+        sources.apply(&mut settings).map_err(SettingsError::from)?;
+        Ok(settings.validate().map_err(|e| sources.locate(e))?)
+    };
     match cli.command {
-        None => Ok(crate::app::run(cli.run.validate()?).await?),
-        Some(Command::Run(args)) => Ok(crate::app::run(args.validate()?).await?),
-        Some(Command::Migrate(args)) => migrate(args).await,
-        Some(Command::Check(args)) => check(args.validate()?).await,
-        Some(Command::Status { database, json }) => admin::status(database.validate()?, json).await,
+        None => Ok(crate::app::run(cli.run.validate(&sources)?).await?),
+        Some(Command::Run(args)) => Ok(crate::app::run(args.validate(&sources)?).await?),
+        Some(Command::Migrate(mut args)) => {
+            sources.apply(&mut args).map_err(SettingsError::from)?;
+            migrate(args, &sources).await
+        }
+        Some(Command::Check(args)) => check(args.validate(&sources)?).await,
+        Some(Command::Status {
+            database: settings,
+            json,
+        }) => admin::status(database(settings)?, json).await,
         Some(Command::Quarantine { action }) => match action {
             QuarantineAction::List {
-                database,
+                database: settings,
                 json,
                 limit,
                 after,
-            } => admin::quarantine_list(database.validate()?, json, limit, after).await,
-            QuarantineAction::Release { database, ids, all } => {
-                admin::quarantine_release(database.validate()?, ids, all).await
-            }
+            } => admin::quarantine_list(database(settings)?, json, limit, after).await,
+            QuarantineAction::Release {
+                database: settings,
+                ids,
+                all,
+            } => admin::quarantine_release(database(settings)?, ids, all).await,
         },
         Some(Command::Replay {
-            database,
+            database: settings,
             since,
             until,
             event_type,
@@ -218,13 +300,13 @@ async fn dispatch(cli: Cli) -> Result<(), CliError> {
             if until.is_some_and(|until| until <= since) {
                 return Err(CliError::Usage("--until must be later than --since".to_owned()));
             }
-            admin::replay(database.validate()?, since, until, event_type).await
+            admin::replay(database(settings)?, since, until, event_type).await
         }
     }
 }
 
-async fn migrate(args: MigrateSettings) -> Result<(), CliError> {
-    let (database, notify_trigger) = args.validate()?;
+async fn migrate(args: MigrateSettings, sources: &Sources) -> Result<(), CliError> {
+    let (database, notify_trigger) = args.validate().map_err(|e| sources.locate(e))?;
     let store = Store::new(&database, 1);
     let mut client = store
         .client()
@@ -255,16 +337,45 @@ async fn check(config: Config) -> Result<(), CliError> {
         .ping()
         .await
         .map_err(|e| anyhow::anyhow!("database {}: {e}", describe_pg(&config.database.pg)))?;
-    let sink = crate::sink::build(&config.sink, &config.format)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    sink.ready()
-        .await
-        .map_err(|e| anyhow::anyhow!("{}: {e}", sink.kind()))?;
-    println!(
-        "ok: database {} and {} sink reachable",
-        describe_pg(&config.database.pg),
-        sink.kind()
-    );
-    Ok(())
+    if let [only] = config.destinations.as_slice() {
+        if only.name == crate::relay::DEFAULT_DESTINATION {
+            let sink = crate::sink::build(&only.sink, &only.format)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            sink.ready()
+                .await
+                .map_err(|e| anyhow::anyhow!("{}: {e}", sink.kind()))?;
+            println!(
+                "ok: database {} and {} sink reachable",
+                describe_pg(&config.database.pg),
+                sink.kind()
+            );
+            return Ok(());
+        }
+    }
+    println!("ok: database {} reachable", describe_pg(&config.database.pg));
+    // Every destination is checked, at once, so one report names them all.
+    let checks = config.destinations.iter().map(|destination| async move {
+        let sink = crate::sink::build(&destination.sink, &destination.format).await?;
+        sink.ready().await.map(|()| sink.kind())
+    });
+    let mut failed = Vec::new();
+    for (destination, result) in config
+        .destinations
+        .iter()
+        .zip(futures::future::join_all(checks).await)
+    {
+        match result {
+            Ok(kind) => println!("ok: destination {} ({kind}) reachable", destination.name),
+            Err(e) => {
+                println!("failed: destination {}: {e}", destination.name);
+                failed.push(destination.name.as_str());
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!("destination(s) not reachable: {}", failed.join(", ")).into())
+    }
 }

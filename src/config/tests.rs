@@ -18,12 +18,13 @@ fn defaults() -> RunArgs {
 fn the_defaults_assemble_into_a_config() {
     use super::*;
 
-    let config = defaults().validate().unwrap();
+    let config = defaults().validate(&crate::config::Sources::default()).unwrap();
     assert_eq!(config.relay.batch_size, 100);
     assert_eq!(config.retention, Some(Duration::from_secs(7 * 86_400)));
     assert_eq!(config.http_addr, SocketAddr::from(([0, 0, 0, 0], 9090)));
-    assert_eq!(config.format, MessageFormat::Plain);
-    assert!(matches!(config.sink, SinkConfig::RabbitMq(_)));
+    assert_eq!(config.destinations[0].format, MessageFormat::Plain);
+    assert!(matches!(config.destinations[0].sink, SinkConfig::RabbitMq(_)));
+    assert_eq!(config.destinations[0].name, "default");
     assert!(config.listen.is_some(), "listens on the database URL");
 }
 
@@ -31,7 +32,10 @@ fn the_defaults_assemble_into_a_config() {
 #[test]
 fn without_rabbitmq_the_default_sink_is_refused_naming_its_feature() {
     assert_eq!(
-        defaults().validate().unwrap_err().to_string(),
+        defaults()
+            .validate(&crate::config::Sources::default())
+            .unwrap_err()
+            .to_string(),
         "OUTBOX_SINK: 'rabbitmq' is not built into this binary (build it with the cargo feature `rabbitmq`)"
     );
 }

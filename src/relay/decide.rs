@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::event::Event;
 use crate::retry::Backoff;
+use crate::route::Router;
 use crate::sink::Outcome;
 
 /// A claimed row: its id, and the attempt the claim counted, which
@@ -63,6 +64,72 @@ pub struct Decisions {
     pub deferred: Vec<ClaimedRow>,
     /// Why the first deferred row was deferred, for the log.
     pub deferred_because: Option<String>,
+}
+
+impl Decisions {
+    /// Adds another part's decisions to these.
+    pub fn append(&mut self, mut other: Decisions) {
+        self.published.append(&mut other.published);
+        self.retry.append(&mut other.retry);
+        self.quarantine.append(&mut other.quarantine);
+        self.deferred.append(&mut other.deferred);
+        if self.deferred_because.is_none() {
+            self.deferred_because = other.deferred_because;
+        }
+    }
+}
+
+/// A claimed batch split by destination.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Routed {
+    /// Each destination's rows (its index, its rows in claim order), for
+    /// destinations that have any.
+    pub batches: Vec<(usize, Vec<Event>)>,
+    /// Rows no route matches: quarantined on their first attempt.
+    pub unrouted: Vec<Quarantine>,
+    /// Rows whose destination the claim was not for: given back.
+    pub parked: Vec<ClaimedRow>,
+    /// Rows larger than their destination takes (another destination of
+    /// the claim takes larger ones, so the claim loaded them), by
+    /// destination: quarantined.
+    pub oversized: Vec<(usize, Quarantine)>,
+}
+
+/// Splits a claimed batch by destination: `open[d]` says whether
+/// destination `d` may be given rows now, `max_payload[d]` the largest
+/// payload it takes.
+pub fn route_batch(events: Vec<Event>, router: &Router, open: &[bool], max_payload: &[usize]) -> Routed {
+    let mut routed = Routed::default();
+    let mut batches: Vec<Vec<Event>> = (0..open.len()).map(|_| Vec::new()).collect();
+    for event in events {
+        match router.route(&event.event_type) {
+            None => routed.unrouted.push(Quarantine {
+                row: ClaimedRow::of(&event),
+                reason: format!("no route for event type \"{}\"", event.event_type),
+            }),
+            Some(destination) if !open.get(destination).copied().unwrap_or(false) => {
+                routed.parked.push(ClaimedRow::of(&event))
+            }
+            Some(destination) if event.payload.len() > max_payload[destination] => routed.oversized.push((
+                destination,
+                Quarantine {
+                    row: ClaimedRow::of(&event),
+                    reason: format!(
+                        "cannot be published: payload of {} bytes exceeds the largest message the sink accepts ({} bytes)",
+                        event.payload.len(),
+                        max_payload[destination]
+                    ),
+                },
+            )),
+            Some(destination) => batches[destination].push(event),
+        }
+    }
+    routed.batches = batches
+        .into_iter()
+        .enumerate()
+        .filter(|(_, events)| !events.is_empty())
+        .collect();
+    routed
 }
 
 /// Maps outcomes to decisions. `attempt_count` on each event already
@@ -187,6 +254,59 @@ mod tests {
         let decisions = decide(&events, vec![Outcome::Published], 10, &BACKOFF);
         assert!(decisions.published.is_empty());
         assert_eq!(decisions.retry.len(), 2);
+    }
+
+    fn typed(event_type: &str, payload: &str) -> Event {
+        Event {
+            event_type: event_type.into(),
+            payload: payload.into(),
+            ..event(1)
+        }
+    }
+
+    #[test]
+    fn a_batch_splits_by_route_and_what_cannot_go_is_set_aside() {
+        use crate::route::{Glob, Route};
+        let router = Router::new(vec![
+            Route {
+                event_type: Glob::parse("order.*").expect("glob"),
+                destination: 0,
+            },
+            Route {
+                event_type: Glob::parse("payment.*").expect("glob"),
+                destination: 1,
+            },
+            Route {
+                event_type: Glob::parse("refund.*").expect("glob"),
+                destination: 2,
+            },
+        ]);
+        let events = vec![
+            typed("order.created", "{}"),
+            typed("payment.settled", "{}"),
+            typed("order.paid", "{\"big\":true}"),
+            typed("refund.issued", "{}"),
+            typed("shipment.sent", "{}"),
+            typed("payment.failed", "{}"),
+        ];
+        let routed = route_batch(events.clone(), &router, &[true, true, false], &[1000, 1000, 1000]);
+        let ids = |batch: &[Event]| batch.iter().map(|e| e.id).collect::<Vec<_>>();
+        assert_eq!(routed.batches.len(), 2);
+        assert_eq!(routed.batches[0].0, 0);
+        assert_eq!(ids(&routed.batches[0].1), vec![events[0].id, events[2].id]);
+        assert_eq!(routed.batches[1].0, 1);
+        assert_eq!(ids(&routed.batches[1].1), vec![events[1].id, events[5].id]);
+        assert_eq!(routed.parked, vec![ClaimedRow::of(&events[3])]);
+        assert_eq!(routed.unrouted.len(), 1);
+        assert_eq!(
+            routed.unrouted[0].reason,
+            "no route for event type \"shipment.sent\""
+        );
+
+        let small = route_batch(events.clone(), &router, &[true, true, true], &[2, 1000, 1000]);
+        assert_eq!(small.oversized.len(), 1);
+        assert_eq!(small.oversized[0].0, 0);
+        assert_eq!(small.oversized[0].1.row.id, events[2].id);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! What the relay's own work says about its dependencies, for `/readyz`
 //! and for the workers' pacing: whether the last claim failed (a database
-//! that answers `SELECT 1` but fails every claim is not ready), and whether
-//! the broker is deferring whole batches.
+//! that answers `SELECT 1` but fails every claim is not ready,
+//! [`RelayHealth`]), and whether a destination's broker is deferring whole
+//! batches ([`DestinationHealth`], one per destination, so one broker's
+//! outage paces only the rows routed to it).
 //!
 //! A batch the broker deferred more of than it published (nacks from a
 //! full queue, an authorisation error, a missing queue, a timeout: answers
@@ -41,17 +43,22 @@ const PROBE_POLL: Duration = Duration::from_millis(100);
 /// How long after an outage ended a new one continues its spacing.
 const REMEMBER: Duration = Duration::from_secs(30);
 
-/// The relay's view of its dependencies, shared by the workers and
-/// `/readyz`.
+/// The relay's view of its database, shared by the workers and `/readyz`.
 #[derive(Debug, Default)]
 pub struct RelayHealth {
+    /// The last claim's error, and since when claims fail.
+    claim_failing: Mutex<Option<(Instant, String)>>,
+}
+
+/// One destination's broker as the relay's batches found it, shared by
+/// the workers and `/readyz`.
+#[derive(Debug, Default)]
+pub struct DestinationHealth {
     state: Mutex<State>,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// The last claim's error, and since when claims fail.
-    claim_failing: Option<(Instant, String)>,
     deferring: Option<Deferring>,
     /// When the last outage ended, and how many batches it had deferred.
     last_ended: Option<(Instant, u32)>,
@@ -89,25 +96,38 @@ pub enum BatchHealth {
     Deferred(String),
 }
 
-impl RelayHealth {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // Plain data, consistent whatever a holder was doing when it panicked.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
+/// Plain data, consistent whatever a holder was doing when it panicked.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
+impl RelayHealth {
     /// A claim failed for the database's sake.
     pub fn claim_failed(&self, error: &dyn std::fmt::Display) {
-        let mut state = self.state();
-        let since = state
-            .claim_failing
-            .as_ref()
-            .map_or_else(Instant::now, |(since, _)| *since);
-        state.claim_failing = Some((since, error.to_string()));
+        let mut failing = lock(&self.claim_failing);
+        let since = failing.as_ref().map_or_else(Instant::now, |(since, _)| *since);
+        *failing = Some((since, error.to_string()));
     }
 
     /// A claim went through.
     pub fn claim_succeeded(&self) {
-        self.state().claim_failing = None;
+        *lock(&self.claim_failing) = None;
+    }
+
+    /// Why the database is not ready, in words; `None` when it is.
+    pub fn problem(&self) -> Option<String> {
+        lock(&self.claim_failing).as_ref().map(|(since, error)| {
+            format!(
+                "database: claims have failed for {:.0?}: {error}",
+                rounded(since.elapsed())
+            )
+        })
+    }
+}
+
+impl DestinationHealth {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        lock(&self.state)
     }
 
     /// Whether a worker may publish now, and how much. At most one worker
@@ -192,25 +212,22 @@ impl RelayHealth {
         }
     }
 
-    /// The reasons the relay is not ready, in words; empty when it is.
-    pub fn problems(&self) -> Vec<String> {
-        let state = self.state();
-        let mut problems = Vec::new();
-        if let Some((since, error)) = &state.claim_failing {
-            problems.push(format!(
-                "database: claims have failed for {:.0?}: {error}",
-                rounded(since.elapsed())
-            ));
-        }
-        if let Some(deferring) = &state.deferring {
-            problems.push(format!(
-                "broker: {} batch(es) in a row deferred over {:.0?}, the last because {}; probing with backoff",
+    /// Why the destination's broker is not taking messages, in words;
+    /// `None` while it is.
+    pub fn problem(&self) -> Option<String> {
+        self.state().deferring.as_ref().map(|deferring| {
+            format!(
+                "{} batch(es) in a row deferred over {:.0?}, the last because {}; probing with backoff",
                 deferring.batches,
                 rounded(deferring.since.elapsed()),
                 deferring.reason
-            ));
-        }
-        problems
+            )
+        })
+    }
+
+    /// Whether the broker is deferring batches: rows routed to it wait.
+    pub fn is_deferring(&self) -> bool {
+        self.state().deferring.is_some()
     }
 }
 
@@ -228,20 +245,24 @@ mod tests {
 
     #[test]
     fn publishing_is_free_until_a_batch_is_deferred_whole() {
-        let health = RelayHealth::default();
+        let health = DestinationHealth::default();
         assert_eq!(health.turn(), Turn::Publish);
         health.batch_settled(BatchHealth::Answered);
         assert_eq!(health.turn(), Turn::Publish);
-        assert!(health.problems().is_empty());
+        assert!(health.problem().is_none());
     }
 
     #[test]
     fn a_deferred_batch_spaces_probes_one_worker_at_a_time() {
-        let health = RelayHealth::default();
+        let health = DestinationHealth::default();
         let start = Instant::now();
         health.batch_settled_at(deferred(), start);
         assert!(matches!(health.turn_at(start), Turn::Wait(wait) if wait <= Duration::from_millis(250)));
-        assert!(health.problems()[0].contains("nacked"), "{:?}", health.problems());
+        assert!(
+            health.problem().unwrap().contains("nacked"),
+            "{:?}",
+            health.problem()
+        );
         let later = start + Duration::from_millis(250);
         assert_eq!(health.turn_at(later), Turn::Probe);
         // Every other worker waits for the probe.
@@ -257,7 +278,7 @@ mod tests {
 
     #[test]
     fn probes_are_never_further_apart_than_the_cap_nor_closer_after_many_refusals() {
-        let health = RelayHealth::default();
+        let health = DestinationHealth::default();
         let mut now = Instant::now();
         for _ in 0..50 {
             health.batch_settled_at(deferred(), now);
@@ -277,19 +298,19 @@ mod tests {
 
     #[test]
     fn an_answered_probe_ends_the_outage() {
-        let health = RelayHealth::default();
+        let health = DestinationHealth::default();
         let now = Instant::now();
         health.batch_settled_at(deferred(), now);
         let later = now + Duration::from_secs(1);
         assert_eq!(health.turn_at(later), Turn::Probe);
         health.batch_settled_at(BatchHealth::Answered, later);
         assert_eq!(health.turn_at(later), Turn::Publish);
-        assert!(health.problems().is_empty());
+        assert!(health.problem().is_none());
     }
 
     #[test]
     fn an_outage_soon_after_the_last_one_keeps_its_spacing() {
-        let health = RelayHealth::default();
+        let health = DestinationHealth::default();
         let mut now = Instant::now();
         for _ in 0..10 {
             health.batch_settled_at(deferred(), now);
@@ -310,22 +331,22 @@ mod tests {
 
     #[test]
     fn a_probe_that_found_nothing_ends_the_outage() {
-        let health = RelayHealth::default();
+        let health = DestinationHealth::default();
         let now = Instant::now();
         health.batch_settled_at(deferred(), now);
         let later = now + Duration::from_secs(1);
         assert_eq!(health.turn_at(later), Turn::Probe);
         health.probe_found_nothing();
         assert_eq!(health.turn_at(later), Turn::Publish);
-        assert!(health.problems().is_empty());
+        assert!(health.problem().is_none());
     }
 
     #[test]
     fn failing_claims_are_a_readiness_problem_until_one_succeeds() {
         let health = RelayHealth::default();
         health.claim_failed(&"column \"headers\" does not exist");
-        assert!(health.problems()[0].contains("does not exist"));
+        assert!(health.problem().unwrap().contains("does not exist"));
         health.claim_succeeded();
-        assert!(health.problems().is_empty());
+        assert!(health.problem().is_none());
     }
 }

@@ -9,6 +9,7 @@
 
 mod catch_up;
 mod decide;
+mod destination;
 mod health;
 mod settings;
 
@@ -17,24 +18,27 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 pub use catch_up::{CatchUp, CATCHING_UP_FOR};
-pub use decide::{decide, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry};
-pub use health::{BatchHealth, RelayHealth, Turn, PROBE_ROWS};
+pub use decide::{decide, route_batch, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry, Routed};
+pub use destination::{Destination, Readiness};
+pub use health::{BatchHealth, DestinationHealth, RelayHealth, Turn, PROBE_ROWS};
 pub use settings::RelaySettings;
 
 use crate::headers::batch_trace_ids;
 use crate::liveness::{stall_limit, Liveness, LoopBounds};
 use crate::metrics::Metrics;
-use crate::outage::{sleep_or_cancel, Availability, Outage};
+use crate::outage::{sleep_or_cancel, Availability, Outage, MAX_RETRY_DELAY};
 use crate::retry::Backoff;
-use crate::sink::{Outcome, Sink, SinkError};
+use crate::route::Router;
+use crate::sink::{Outcome, Sink};
 pub use crate::store::OnPublish;
-use crate::store::{ClaimBudget, Claimed, Ordering, Store, StoreError};
+use crate::store::{ClaimBudget, Claimed, Ordering, RouteFilter, Store, StoreError};
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -75,26 +79,82 @@ impl RelayConfig {
 /// outcomes it has; sinks stop waiting at the deadline itself.
 const SINK_GRACE: Duration = Duration::from_secs(2);
 
-/// The relay: a store, a sink and the loop between them.
+/// How often a worker with no destination to publish to looks again while
+/// a destination's readiness check is under way.
+const CHECK_POLL: Duration = Duration::from_millis(100);
+
+/// The name of the one destination of a relay configured by the
+/// environment.
+pub const DEFAULT_DESTINATION: &str = "default";
+
+/// The relay: a store, its destinations, the routes between them and the
+/// loop that moves rows along.
 pub struct Relay {
     store: Arc<Store>,
-    sink: Arc<dyn Sink>,
+    destinations: Arc<[Destination]>,
+    router: Router,
+    /// The routes' globs as `LIKE` patterns, for the claims' route filter.
+    route_patterns: Vec<String>,
     config: RelayConfig,
-    metrics: Arc<Metrics>,
     wake: Arc<Notify>,
     liveness: Arc<Liveness>,
     catch_up: Arc<CatchUp>,
-    sink_outage: Mutex<Outage>,
     database_outage: Mutex<Outage>,
     health: Arc<RelayHealth>,
+    /// Failures and quarantines of rows no destination was chosen for.
+    unrouted: (Counter, Counter),
+}
+
+/// What a worker claims next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Plan {
+    /// Rows at most.
+    rows: u32,
+    /// Which destinations may be given rows of this claim.
+    open: Vec<bool>,
+    /// The destination this claim probes, alone.
+    probe: Option<usize>,
+    /// Whether rows no route matches are taken (to be quarantined).
+    unrouted: bool,
 }
 
 impl Relay {
-    /// Assembles a relay; nothing connects until [`Relay::run`].
+    /// Assembles a relay publishing every row to one sink; nothing
+    /// connects until [`Relay::run`].
     pub fn new(store: Arc<Store>, sink: Arc<dyn Sink>, config: RelayConfig, metrics: Arc<Metrics>) -> Self {
+        let destination = Destination::new(
+            DEFAULT_DESTINATION.to_owned(),
+            sink,
+            metrics.destination(DEFAULT_DESTINATION),
+            config.publish_timeout,
+        );
+        Self::routed(
+            store,
+            vec![destination],
+            Router::everything_to_one(),
+            config,
+            metrics,
+        )
+    }
+
+    /// Assembles a relay publishing to `destinations` as `router` says.
+    pub fn routed(
+        store: Arc<Store>,
+        destinations: Vec<Destination>,
+        router: Router,
+        config: RelayConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let route_patterns = router
+            .routes()
+            .iter()
+            .map(|route| route.event_type.like_pattern())
+            .collect();
         Self {
             store,
-            sink: sink.clone(),
+            destinations: destinations.into(),
+            router,
+            route_patterns,
             liveness: Arc::new(Liveness::new(
                 config.workers as usize,
                 stall_limit(LoopBounds {
@@ -104,12 +164,11 @@ impl Relay {
                 }),
             )),
             config,
-            metrics,
             catch_up: Arc::default(),
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
-            sink_outage: Mutex::new(Outage::new(sink.kind())),
             health: Arc::default(),
+            unrouted: metrics.unrouted(),
         }
     }
 
@@ -123,10 +182,15 @@ impl Relay {
         self.liveness.clone()
     }
 
-    /// What the relay's own work says about the database and the broker,
-    /// which `/readyz` reports.
+    /// What the relay's own claims say about the database, which `/readyz`
+    /// reports.
     pub fn health(&self) -> Arc<RelayHealth> {
         self.health.clone()
+    }
+
+    /// The destinations, whose state `/readyz` reports.
+    pub fn destinations(&self) -> Arc<[Destination]> {
+        self.destinations.clone()
     }
 
     /// Whether the relay is catching up with a backlog, which retention
@@ -150,8 +214,13 @@ impl Relay {
     /// for the broker's confirms, another is being claimed or recorded, so
     /// neither PostgreSQL nor the broker sits idle between round trips.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let destinations: Vec<String> = self
+            .destinations
+            .iter()
+            .map(|destination| format!("{} ({})", destination.name, destination.sink.kind()))
+            .collect();
         info!(
-            sink = self.sink.kind(),
+            destinations = %destinations.join(", "),
             table = %self.store.table(),
             batch_size = self.config.batch_size,
             workers = self.config.workers,
@@ -166,7 +235,6 @@ impl Relay {
     }
 
     async fn work(&self, worker: usize, shutdown: &CancellationToken) {
-        let mut sink_state = Availability::new(&self.sink_outage);
         let mut db_state = Availability::new(&self.database_outage);
         // What the broker confirmed of this worker's last batch, recorded
         // with its next claim whenever there is one at once (see
@@ -174,51 +242,45 @@ impl Relay {
         let mut confirmed = Confirmed::default();
         while !shutdown.is_cancelled() {
             self.liveness.beat(worker);
-            // While the broker defers whole batches, one worker of the
-            // replica at a time publishes a small probe batch, spaced by a
-            // capped backoff (see health.rs).
-            let turn = self.health.turn();
-            let rows = match turn {
-                Turn::Publish => self.config.batch_size,
-                Turn::Probe => self.config.batch_size.min(PROBE_ROWS),
-                Turn::Wait(delay) => {
+            let plan = match self.plan() {
+                Ok(plan) => plan,
+                Err(delay) => {
                     self.record_confirmed(&mut confirmed, shutdown).await;
                     sleep_or_cancel(delay, shutdown).await;
                     continue;
                 }
             };
-            let probing = turn == Turn::Probe;
-            // Checking the sink first keeps a broker outage from burning
-            // every row's attempts towards quarantine.
-            if let Err(e) = self.sink_ready(&mut confirmed, shutdown).await {
-                if probing {
-                    self.health.probe_abandoned();
-                }
-                let delay = sink_state.failed(&e);
-                self.record_confirmed(&mut confirmed, shutdown).await;
-                sleep_or_cancel(delay, shutdown).await;
-                continue;
-            }
-            sink_state.succeeded();
+            let filter = self.filter(&plan);
             let budget = ClaimBudget {
-                rows,
+                rows: plan.rows,
                 bytes: self.config.max_batch_bytes,
-                max_payload: self.sink.max_payload_bytes(),
+                // The largest any destination of the claim takes: a larger
+                // row is not even loaded; a destination that takes less
+                // refuses the rest itself.
+                max_payload: self
+                    .destinations
+                    .iter()
+                    .zip(&plan.open)
+                    .filter(|(_, open)| **open)
+                    .map(|(destination, _)| destination.sink.max_payload_bytes())
+                    .max()
+                    .unwrap_or(0),
             };
             let claim = if confirmed.rows.is_empty() {
                 self.store
-                    .claim(budget, self.config.lease(), self.config.ordering)
+                    .claim_routed(budget, self.config.lease(), self.config.ordering, filter.as_ref())
                     .await
             } else {
                 let (ids, attempts): (Vec<Uuid>, Vec<i32>) =
                     confirmed.rows.iter().map(|row| (row.id, row.attempt)).unzip();
                 self.store
-                    .record_and_claim(
+                    .record_and_claim_routed(
                         self.config.on_publish,
                         &ids,
                         &attempts,
                         budget,
                         self.config.lease(),
+                        filter.as_ref(),
                     )
                     .await
             };
@@ -231,8 +293,8 @@ impl Relay {
                 }
                 Err(e) => {
                     self.health.claim_failed(&e);
-                    if probing {
-                        self.health.probe_abandoned();
+                    if let Some(probed) = plan.probe {
+                        self.destinations[probed].health.probe_abandoned();
                     }
                     let delay = db_state.failed(&e);
                     self.record_confirmed(&mut confirmed, shutdown).await;
@@ -245,8 +307,8 @@ impl Relay {
                 self.catch_up.full_claim();
             }
             if claimed_rows == 0 {
-                if probing {
-                    self.health.probe_found_nothing();
+                if let Some(probed) = plan.probe {
+                    self.destinations[probed].health.probe_found_nothing();
                 }
                 // New rows announced by the NOTIFY trigger end the sleep
                 // early; without the trigger, polling alone finds them.
@@ -257,32 +319,94 @@ impl Relay {
                 }
                 continue;
             }
-            let health;
-            (health, confirmed) = self.process(batch, shutdown).await;
-            self.health.batch_settled(health);
+            let settled;
+            (settled, confirmed) = self.process(batch, &plan, shutdown).await;
+            for (index, health) in settled {
+                self.destinations[index].health.batch_settled(health);
+            }
+            // A probe that found no row of its destination tells nothing.
+            if let Some(probed) = plan.probe {
+                self.destinations[probed].health.probe_abandoned();
+            }
         }
         self.record_confirmed(&mut confirmed, shutdown).await;
     }
 
-    /// Whether the sink is ready, bounded, so that a connection attempt
-    /// into a black hole is an outage, not a hang. When the answer is not
-    /// at hand (a connection or a probe request is under way), the rows
-    /// confirmed in the last batch are recorded first: their lease runs
-    /// while the check waits.
-    async fn sink_ready(
-        &self,
-        confirmed: &mut Confirmed,
-        shutdown: &CancellationToken,
-    ) -> Result<(), SinkError> {
-        let check = self.sink.ready();
-        tokio::pin!(check);
-        if let std::task::Poll::Ready(answer) = futures::poll!(&mut check) {
-            return answer;
+    /// Which destinations the next claim is for, or how long to wait when
+    /// none may be given rows. A destination whose broker defers batches
+    /// gets one small probe batch at a time from one worker of the replica,
+    /// spaced by a capped backoff (see health.rs); one whose sink is not
+    /// ready gets none: checking first keeps a broker outage from burning
+    /// rows' attempts towards quarantine. A worker given a probe claims
+    /// for that destination alone.
+    fn plan(&self) -> Result<Plan, Duration> {
+        let count = self.destinations.len();
+        let mut open = vec![false; count];
+        let mut probe = None;
+        let mut wait = MAX_RETRY_DELAY;
+        for (index, destination) in self.destinations.iter().enumerate() {
+            let ready = match destination.health.turn() {
+                Turn::Publish => match destination.readiness() {
+                    Readiness::Ready => {
+                        open[index] = true;
+                        true
+                    }
+                    Readiness::Down { retry_in, .. } => {
+                        wait = wait.min(retry_in);
+                        false
+                    }
+                    Readiness::Checking => {
+                        wait = wait.min(CHECK_POLL);
+                        false
+                    }
+                },
+                Turn::Probe if probe.is_none() => match destination.readiness() {
+                    Readiness::Ready => {
+                        probe = Some(index);
+                        false
+                    }
+                    other => {
+                        destination.health.probe_abandoned();
+                        wait = wait.min(match other {
+                            Readiness::Down { retry_in, .. } => retry_in,
+                            _ => CHECK_POLL,
+                        });
+                        false
+                    }
+                },
+                // Another probe is this worker's already: the turn goes
+                // back for the next worker.
+                Turn::Probe => {
+                    destination.health.probe_abandoned();
+                    wait = wait.min(CHECK_POLL);
+                    false
+                }
+                Turn::Wait(delay) => {
+                    wait = wait.min(delay);
+                    false
+                }
+            };
+            destination.metrics.ready.set(i64::from(ready));
         }
-        self.record_confirmed(confirmed, shutdown).await;
-        tokio::time::timeout(self.config.publish_timeout, check)
-            .await
-            .unwrap_or_else(|_| Err(SinkError("no answer within OUTBOX_PUBLISH_TIMEOUT".to_owned())))
+        if let Some(probed) = probe {
+            let mut only = vec![false; count];
+            only[probed] = true;
+            return Ok(Plan {
+                rows: self.config.batch_size.min(PROBE_ROWS),
+                open: only,
+                probe,
+                unrouted: false,
+            });
+        }
+        if open.iter().any(|open| *open) {
+            return Ok(Plan {
+                rows: self.config.batch_size,
+                open,
+                probe: None,
+                unrouted: true,
+            });
+        }
+        Err(wait.max(Duration::from_millis(10)))
     }
 
     /// Records confirmed rows left for a claim that is not coming now.
@@ -297,9 +421,34 @@ impl Relay {
         self.record(&decisions, confirmed.deadline, shutdown).await;
     }
 
-    /// Publishes one claimed batch and records its outcomes, except the
-    /// confirmed rows that an unordered claim records next (returned).
-    async fn process(&self, claimed: Claimed, shutdown: &CancellationToken) -> (BatchHealth, Confirmed) {
+    /// The claim's route filter: none when every destination is open.
+    fn filter(&self, plan: &Plan) -> Option<RouteFilter> {
+        if plan.unrouted && plan.open.iter().all(|open| *open) {
+            return None;
+        }
+        let mut take: Vec<bool> = self
+            .router
+            .routes()
+            .iter()
+            .map(|route| plan.open[route.destination])
+            .collect();
+        take.push(plan.unrouted);
+        Some(RouteFilter {
+            patterns: self.route_patterns.clone(),
+            take,
+        })
+    }
+
+    /// Publishes one claimed batch, each destination's rows to it at once,
+    /// and records its outcomes, except the confirmed rows that an
+    /// unordered claim records next (returned). Returns how each
+    /// destination's part went.
+    async fn process(
+        &self,
+        claimed: Claimed,
+        plan: &Plan,
+        shutdown: &CancellationToken,
+    ) -> (Vec<(usize, BatchHealth)>, Confirmed) {
         let claimed_at = Instant::now();
         // The trace each row continues (its valid W3C traceparent), so that
         // every line about a row or the batch names it.
@@ -310,72 +459,112 @@ impl Relay {
             .collect();
         let trace_of = |id: &Uuid| traces.get(id).map(String::as_str);
         let traces_of = |ids: &mut dyn Iterator<Item = &Uuid>| batch_trace_ids(ids.filter_map(trace_of));
-        let (batch, mut exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
-        let outcomes = if batch.is_empty() {
-            Vec::new()
-        } else {
-            let deadline = tokio::time::Instant::now() + self.config.publish_timeout;
-            let publish = self.sink.publish(&batch, deadline);
-            match tokio::time::timeout_at(deadline + SINK_GRACE, publish).await {
+        let all_ids: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
+        let (due, exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
+        let max_payloads: Vec<usize> = self
+            .destinations
+            .iter()
+            .map(|destination| destination.sink.max_payload_bytes())
+            .collect();
+        let routed = route_batch(due, &self.router, &plan.open, &max_payloads);
+
+        // Every destination's part at once, each to its own deadline.
+        let deadline = tokio::time::Instant::now() + self.config.publish_timeout;
+        let parts = futures::future::join_all(routed.batches.into_iter().map(|(index, events)| async move {
+            let destination = &self.destinations[index];
+            let publish = destination.sink.publish(&events, deadline);
+            let outcomes = match tokio::time::timeout_at(deadline + SINK_GRACE, publish).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => {
                     let reason = format!(
                         "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
                         self.config.publish_timeout
                     );
-                    vec![Outcome::Deferred(reason); batch.len()]
+                    vec![Outcome::Deferred(reason); events.len()]
                 }
-            }
-        };
+            };
+            (index, events, outcomes)
+        }))
+        .await;
         let confirmed_at = Utc::now();
-        let mut decisions = decide(&batch, outcomes, self.config.max_attempts, &self.backoff());
-        decisions.quarantine.append(&mut exhausted);
-        // A row the relay cannot even read or load never will be: no
-        // attempt on it can succeed, so it is quarantined at once.
-        decisions
-            .quarantine
-            .extend(claimed.unpublishable.into_iter().map(|row| Quarantine {
-                row: ClaimedRow {
-                    id: row.id,
-                    attempt: row.attempt_count,
-                },
-                reason: format!("cannot be published: {}", row.reason),
-            }));
 
-        let published: HashSet<Uuid> = decisions.published.iter().map(|row| row.id).collect();
-        for event in &batch {
-            if published.contains(&event.id) {
+        let mut decisions = Decisions::default();
+        let mut settled = Vec::with_capacity(parts.len());
+        for (index, events, outcomes) in parts {
+            let destination = &self.destinations[index];
+            let mut part = decide(&events, outcomes, self.config.max_attempts, &self.backoff());
+            part.quarantine.extend(
+                routed
+                    .oversized
+                    .iter()
+                    .filter(|(of, _)| *of == index)
+                    .map(|(_, quarantine)| quarantine.clone()),
+            );
+            let published: HashSet<Uuid> = part.published.iter().map(|row| row.id).collect();
+            for event in events.iter().filter(|event| published.contains(&event.id)) {
                 let lag = (confirmed_at - event.created_at).to_std().unwrap_or_default();
-                self.metrics.publish_lag.observe(lag.as_secs_f64());
+                destination.metrics.lag.observe(lag.as_secs_f64());
             }
+            // One line per destination and batch at warn: a broker refusing
+            // everything must not turn into a line per row. Each row is at
+            // debug. The `report` field is for machines (log pipelines, the
+            // crash suite): stable, unlike the message text.
+            if let Some(first) = part.retry.first() {
+                let trace_id = traces_of(&mut part.retry.iter().map(|retry| &retry.row.id));
+                warn!(report = "publish_failed", destination = %destination.name, rows = part.retry.len(), first_reason = %first.reason, trace_id, "publish failed; rows will be retried with backoff");
+            }
+            if let Some(reason) = &part.deferred_because {
+                let trace_id = traces_of(&mut part.deferred.iter().map(|row| &row.id));
+                warn!(report = "publish_deferred", destination = %destination.name, rows = part.deferred.len(), %reason, trace_id, "the broker or the network failed the batch; rows will be published again, not charged an attempt");
+            }
+            destination.metrics.published.inc_by(part.published.len() as u64);
+            // Failed attempts are the rows' own; a deferral is the broker's.
+            let failures = part.retry.len() + part.quarantine.len();
+            destination.metrics.failures.inc_by(failures as u64);
+            destination
+                .metrics
+                .quarantined
+                .inc_by(part.quarantine.len() as u64);
+            // A part the broker deferred more of than it published is an
+            // answer every row would have got (a full queue, a refusal of
+            // every request): the broker's state, not theirs. One row
+            // deferred among published batch-mates is not, so a row the
+            // broker keeps failing for an unknowable reason of its own
+            // never slows the others.
+            let health = match &part.deferred_because {
+                Some(reason) if part.deferred.len() > part.published.len() => {
+                    BatchHealth::Deferred(reason.clone())
+                }
+                _ => BatchHealth::Answered,
+            };
+            settled.push((index, health));
+            decisions.append(part);
         }
-        // One line per batch at warn: a broker refusing everything must not
-        // turn into a line per row. Each row is at debug. The `report` field
-        // is for machines (log pipelines, the crash suite): stable, unlike
-        // the message text.
-        if let Some(first) = decisions.retry.first() {
-            let trace_id = traces_of(&mut decisions.retry.iter().map(|retry| &retry.row.id));
-            warn!(report = "publish_failed", rows = decisions.retry.len(), first_reason = %first.reason, trace_id, "publish failed; rows will be retried with backoff");
-        }
-        if let Some(reason) = &decisions.deferred_because {
-            let trace_id = traces_of(&mut decisions.deferred.iter().map(|row| &row.id));
-            warn!(report = "publish_deferred", rows = decisions.deferred.len(), %reason, trace_id, "the broker or the network failed the batch; rows will be published again, not charged an attempt");
-        }
+        // A row routed to a destination that this claim was not for (it
+        // went down between the plan and the claim's filter) is given back
+        // as an outage would: no attempt charged.
+        decisions.deferred.extend(routed.parked);
+        // Rows no destination was chosen for: past their attempts, no
+        // route, or unreadable. None can ever be published as it is.
+        let mut unrouted = exhausted;
+        unrouted.extend(routed.unrouted);
+        unrouted.extend(claimed.unpublishable.into_iter().map(|row| Quarantine {
+            row: ClaimedRow {
+                id: row.id,
+                attempt: row.attempt_count,
+            },
+            reason: format!("cannot be published: {}", row.reason),
+        }));
+        self.unrouted.0.inc_by(unrouted.len() as u64);
+        self.unrouted.1.inc_by(unrouted.len() as u64);
+        decisions.quarantine.extend(unrouted);
+
         for retry in &decisions.retry {
             debug!(event_id = %retry.row.id, reason = %retry.reason, retry_in_ms = retry.delay.as_millis() as u64, trace_id = trace_of(&retry.row.id), "publish failed; will retry");
         }
         for quarantine in &decisions.quarantine {
             warn!(event_id = %quarantine.row.id, reason = %quarantine.reason, trace_id = trace_of(&quarantine.row.id), "row quarantined");
         }
-        self.metrics
-            .published_total
-            .inc_by(decisions.published.len() as u64);
-        // Failed attempts are the rows' own; a deferral is the broker's.
-        let failures = decisions.retry.len() + decisions.quarantine.len();
-        self.metrics.publish_failures_total.inc_by(failures as u64);
-        self.metrics
-            .quarantined_total
-            .inc_by(decisions.quarantine.len() as u64);
 
         // The lease bounds how long recording may take: past it another
         // replica may republish the rows anyway, so there is no point in
@@ -392,25 +581,16 @@ impl Relay {
             deadline,
         };
         self.record(&decisions, deadline, shutdown).await;
-        // A batch the broker deferred more of than it published is an
-        // answer every row would have got (a full queue, a refusal of every
-        // request): the broker's state, not theirs. One row deferred among
-        // published batch-mates is not, so a row the broker keeps failing
-        // for an unknowable reason of its own never slows the others.
-        let health = match &decisions.deferred_because {
-            Some(reason) if decisions.deferred.len() > published => BatchHealth::Deferred(reason.clone()),
-            _ => BatchHealth::Answered,
-        };
         debug!(
             report = "batch_recorded",
             published,
             retried = decisions.retry.len(),
             quarantined = decisions.quarantine.len(),
             deferred = decisions.deferred.len(),
-            trace_id = traces_of(&mut batch.iter().map(|event| &event.id)),
+            trace_id = traces_of(&mut all_ids.iter()),
             "batch recorded"
         );
-        (health, confirmed)
+        (settled, confirmed)
     }
 
     async fn record_step(&self, step: Step, decisions: &Decisions) -> Result<u64, StoreError> {

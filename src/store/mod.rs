@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use thiserror::Error;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use claim::claimed_event;
@@ -89,15 +89,10 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
 /// Rendered statements for one table.
 #[derive(Debug)]
 struct Statements {
-    // Each claim twice, indexed by whether the table has the optional
-    // `headers` column: `[without, with]`.
-    claim: [String; 2],
-    /// The claim that first marks the previous batch's confirmed rows.
-    claim_after_mark: [String; 2],
-    /// The claim that first deletes the previous batch's confirmed rows.
-    claim_after_delete: [String; 2],
-    claim_ordered: [String; 2],
-    claim_ordered_by_sequence: [String; 2],
+    claims: ClaimStatements,
+    /// The claims with the route filter, for relays with several
+    /// destinations (see [`RouteFilter`]).
+    routed: Option<ClaimStatements>,
     mark_published: String,
     delete_published: String,
     reschedule: String,
@@ -105,8 +100,23 @@ struct Statements {
     defer: String,
 }
 
-impl Statements {
-    fn for_table(table: &TableName) -> Self {
+/// Every claim statement, each twice, indexed by whether the table has
+/// the optional `headers` column: `[without, with]`.
+#[derive(Debug)]
+struct ClaimStatements {
+    claim: [String; 2],
+    /// The claim that first marks the previous batch's confirmed rows.
+    claim_after_mark: [String; 2],
+    /// The claim that first deletes the previous batch's confirmed rows.
+    claim_after_delete: [String; 2],
+    claim_ordered: [String; 2],
+    claim_ordered_by_sequence: [String; 2],
+}
+
+impl ClaimStatements {
+    /// The claims, with the route filter of `routes` routes when there are
+    /// any.
+    fn for_table(table: &TableName, routes: usize) -> Self {
         let quoted = table.quoted();
         let render = |sql: &str| casts::render(&sql.replace("{table}", &quoted));
         // Both claims select their candidates their own way and budget and
@@ -115,9 +125,12 @@ impl Statements {
             let sql = format!("{candidates},\n{}", include_str!("sql/claim_lease.sql"));
             HEADERS_COLUMN.map(|headers| render(&sql.replace("{headers}", headers)))
         };
+        // The filter's parameters follow all the others of its statement.
+        let filter = |column: &str, first_parameter: usize| route_filter(column, first_parameter, routes);
         let plain_claim = include_str!("sql/claim.sql")
             .replace("{finish}", "")
-            .replace("{not_finished}", "");
+            .replace("{not_finished}", "")
+            .replace("{route_filter}", &filter("event_type", 5));
         // The recording statement, its pairs moved to $5 and $6 after the
         // claim's four parameters.
         let claim_after = |record: &str| {
@@ -128,19 +141,22 @@ impl Statements {
             claim(
                 &include_str!("sql/claim.sql")
                     .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])"),
+                    .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])")
+                    .replace("{route_filter}", &filter("event_type", 7)),
             )
         };
+        let ordered =
+            include_str!("sql/claim_ordered.sql").replace("{route_filter}", &filter("t.event_type", 5));
         Self {
             claim: claim(&plain_claim),
             claim_after_mark: claim_after(include_str!("sql/mark_published.sql")),
             claim_after_delete: claim_after(include_str!("sql/delete_published.sql")),
-            claim_ordered: claim(include_str!("sql/claim_ordered.sql")).map(|sql| {
+            claim_ordered: claim(&ordered).map(|sql| {
                 sql.replace("{predecessor_key}", "(p.created_at, p.id)")
                     .replace("{row_key}", "(t.created_at, t.id)")
             }),
             // A row without a sequence number sorts first in its aggregate.
-            claim_ordered_by_sequence: claim(include_str!("sql/claim_ordered.sql")).map(|sql| {
+            claim_ordered_by_sequence: claim(&ordered).map(|sql| {
                 sql.replace(
                     "{predecessor_key}",
                     "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
@@ -150,6 +166,39 @@ impl Statements {
                     "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
                 )
             }),
+        }
+    }
+}
+
+/// The condition that keeps a claim to the rows of the destinations it may
+/// publish to: with `routes` routes, the route of a row is the first whose
+/// `LIKE` pattern (`$first` text[], in route order) its event type matches,
+/// and the row is taken when that route's flag (`$first+1` bool[]) is set;
+/// the flag after the last route is for rows no route matches. A `CASE`,
+/// so that PostgreSQL stops at the first match as the relay does.
+fn route_filter(column: &str, first: usize, routes: usize) -> String {
+    if routes == 0 {
+        return String::new();
+    }
+    let (patterns, takes) = (first, first + 1);
+    let arms: String = (1..=routes)
+        .map(|route| {
+            format!(" WHEN {column} LIKE (${patterns}::text[])[{route}] THEN (${takes}::bool[])[{route}]")
+        })
+        .collect();
+    format!(
+        "\n      AND CASE{arms} ELSE (${takes}::bool[])[{unrouted}] END",
+        unrouted = routes + 1
+    )
+}
+
+impl Statements {
+    fn for_table(table: &TableName, routes: usize) -> Self {
+        let quoted = table.quoted();
+        let render = |sql: &str| casts::render(&sql.replace("{table}", &quoted));
+        Self {
+            claims: ClaimStatements::for_table(table, 0),
+            routed: (routes > 0).then(|| ClaimStatements::for_table(table, routes)),
             mark_published: render(include_str!("sql/mark_published.sql")),
             delete_published: render(include_str!("sql/delete_published.sql")),
             reschedule: render(include_str!("sql/reschedule.sql")),
@@ -157,6 +206,19 @@ impl Statements {
             defer: render(include_str!("sql/defer.sql")),
         }
     }
+}
+
+/// Which rows a claim takes, by route: the `LIKE` patterns of the routes in
+/// order, and for each route (and, last, for rows no route matches)
+/// whether its rows are taken. A relay with several destinations leaves
+/// out the rows of those that are down, or takes only one's rows to probe
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteFilter {
+    /// One `LIKE` pattern per route.
+    pub patterns: Vec<String>,
+    /// One flag per route, then one for unrouted rows.
+    pub take: Vec<bool>,
 }
 
 /// What a claim returns for the headers: `NULL` on a table without the
@@ -283,9 +345,30 @@ impl Store {
             pool,
             pooler: config.pooler,
             table: config.table.clone(),
-            sql: Statements::for_table(&config.table),
+            sql: Statements::for_table(&config.table, 0),
             has_sequence_column: ColumnPresence::default(),
             has_headers_column: ColumnPresence::default(),
+        }
+    }
+
+    /// Prepares the claims to take a [`RouteFilter`] of `routes` routes.
+    pub fn with_routes(mut self, routes: usize) -> Self {
+        self.sql = Statements::for_table(&self.table, routes);
+        self
+    }
+
+    /// The claims to run: filtered when a filter is given and the store
+    /// was prepared for one (without, the relay leaves out the rows of a
+    /// destination that is down itself).
+    fn claims<'a>(
+        &'a self,
+        filter: Option<&'a RouteFilter>,
+    ) -> (&'a ClaimStatements, Option<&'a RouteFilter>) {
+        match (&self.sql.routed, filter) {
+            (Some(routed), Some(filter)) if filter.take.len() == filter.patterns.len() + 1 => {
+                (routed, Some(filter))
+            }
+            _ => (&self.sql.claims, None),
         }
     }
 
@@ -336,15 +419,34 @@ impl Store {
         lease: Duration,
         ordering: Ordering,
     ) -> Result<Claimed, StoreError> {
+        self.claim_routed(budget, lease, ordering, None).await
+    }
+
+    /// [`Store::claim`]; with a `filter`, only the rows of the routes it
+    /// takes qualify.
+    pub async fn claim_routed(
+        &self,
+        budget: ClaimBudget,
+        lease: Duration,
+        ordering: Ordering,
+        filter: Option<&RouteFilter>,
+    ) -> Result<Claimed, StoreError> {
+        let (claims, filter) = self.claims(filter);
         self.with_current_columns(|| async {
             let sql = &match ordering {
-                Ordering::None => &self.sql.claim,
-                Ordering::Aggregate if self.orders_by_sequence().await? => {
-                    &self.sql.claim_ordered_by_sequence
-                }
-                Ordering::Aggregate => &self.sql.claim_ordered,
+                Ordering::None => &claims.claim,
+                Ordering::Aggregate if self.orders_by_sequence().await? => &claims.claim_ordered_by_sequence,
+                Ordering::Aggregate => &claims.claim_ordered,
             }[usize::from(self.has_headers().await?)];
-            self.run_claim(sql, budget, lease, &[]).await
+            let params: Vec<Param<'_>> = filter
+                .map(|filter| {
+                    vec![
+                        (&filter.patterns as &(dyn ToSql + Sync), Type::TEXT_ARRAY),
+                        (&filter.take, Type::BOOL_ARRAY),
+                    ]
+                })
+                .unwrap_or_default();
+            self.run_claim(sql, budget, lease, &params).await
         })
         .await
     }
@@ -384,18 +486,33 @@ impl Store {
         budget: ClaimBudget,
         lease: Duration,
     ) -> Result<Claimed, StoreError> {
+        self.record_and_claim_routed(on_publish, ids, attempts, budget, lease, None)
+            .await
+    }
+
+    /// [`Store::record_and_claim`] with the route filter of
+    /// [`Store::claim_routed`].
+    pub async fn record_and_claim_routed(
+        &self,
+        on_publish: OnPublish,
+        ids: &[Uuid],
+        attempts: &[i32],
+        budget: ClaimBudget,
+        lease: Duration,
+        filter: Option<&RouteFilter>,
+    ) -> Result<Claimed, StoreError> {
+        let (claims, filter) = self.claims(filter);
         self.with_current_columns(|| async {
             let sql = &match on_publish {
-                OnPublish::Mark => &self.sql.claim_after_mark,
-                OnPublish::Delete => &self.sql.claim_after_delete,
+                OnPublish::Mark => &claims.claim_after_mark,
+                OnPublish::Delete => &claims.claim_after_delete,
             }[usize::from(self.has_headers().await?)];
-            self.run_claim(
-                sql,
-                budget,
-                lease,
-                &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
-            )
-            .await
+            let mut params: Vec<Param<'_>> = vec![(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)];
+            if let Some(filter) = filter {
+                params.push((&filter.patterns, Type::TEXT_ARRAY));
+                params.push((&filter.take, Type::BOOL_ARRAY));
+            }
+            self.run_claim(sql, budget, lease, &params).await
         })
         .await
     }
@@ -618,23 +735,49 @@ mod tests {
     #[test]
     fn every_claim_statement_is_fully_rendered() {
         let table = TableName::parse("outbox_event").expect("valid name");
-        let sql = Statements::for_table(&table);
-        let all = [
-            &sql.claim,
-            &sql.claim_after_mark,
-            &sql.claim_after_delete,
-            &sql.claim_ordered,
-            &sql.claim_ordered_by_sequence,
-        ];
-        for statement in all.iter().flat_map(|variants| variants.iter()) {
-            assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
+        let statements = Statements::for_table(&table, 2);
+        for sql in [
+            &statements.claims,
+            statements.routed.as_ref().expect("routed claims"),
+        ] {
+            let all = [
+                &sql.claim,
+                &sql.claim_after_mark,
+                &sql.claim_after_delete,
+                &sql.claim_ordered,
+                &sql.claim_ordered_by_sequence,
+            ];
+            for statement in all.iter().flat_map(|variants| variants.iter()) {
+                assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
+            }
+            for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
+                // The recorded pairs follow the claim's four parameters.
+                assert!(statement.contains("unnest($5::uuid[], $6::int[])"));
+                assert!(statement.contains("AND id <> ALL ($5::uuid[])"));
+                assert!(!statement.contains("$1::uuid[]"));
+            }
         }
-        for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
-            // The recorded pairs follow the claim's four parameters.
-            assert!(statement.contains("unnest($5::uuid[], $6::int[])"));
-            assert!(statement.contains("AND id <> ALL ($5::uuid[])"));
-            assert!(!statement.contains("$1::uuid[]"));
-        }
-        assert!(!sql.claim[0].contains("$5"));
+        assert!(!statements.claims.claim[0].contains("$5"));
+        let routed = statements.routed.as_ref().expect("routed claims");
+        // Both claim paths filter, with the filter's parameters after the others.
+        assert_eq!(
+            routed.claim[0]
+                .matches("LIKE ($5::text[])[2] THEN ($6::bool[])[2]")
+                .count(),
+            2
+        );
+        assert_eq!(routed.claim[0].matches("ELSE ($6::bool[])[3] END").count(), 2);
+        assert_eq!(
+            routed.claim_after_mark[1]
+                .matches("LIKE ($7::text[])[1] THEN ($8::bool[])[1]")
+                .count(),
+            2
+        );
+        assert_eq!(
+            routed.claim_ordered[0]
+                .matches("t.event_type LIKE ($5::text[])[1]")
+                .count(),
+            2
+        );
     }
 }

@@ -37,6 +37,14 @@
 -- without time zone, a BIGINT attempt_count, a UUID aggregate_id) works
 -- as it is.
 --
+-- The route filter placeholder is empty, or the condition that leaves out
+-- the rows routed to destinations that are down (see route_filter in
+-- store/mod.rs). It is a filter on the scanned rows, not an index
+-- condition: while a destination is down, claims read past its waiting
+-- rows (a heap fetch each, in the untried path those older than what is
+-- taken) without locking or updating them; nothing is written for them
+-- until the destination is back.
+--
 -- The finish placeholder after WITH is empty, or claim_finish.sql: the
 -- worker's previous batch recorded in this same statement. The tried
 -- path's last condition then keeps the rows it records out of that path (the only path they could be on, with an
@@ -49,7 +57,7 @@ WITH {finish}tried AS (
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
       AND attempt_count > 0
-      AND next_attempt_at <= now(){not_finished}
+      AND next_attempt_at <= now(){not_finished}{route_filter}
     ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -60,7 +68,7 @@ untried AS (
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
       AND attempt_count <= 0
-      AND next_attempt_at <= now()
+      AND next_attempt_at <= now(){route_filter}
     ORDER BY created_at, id
     LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE SKIP LOCKED

@@ -7,6 +7,9 @@
 -- the table has a producer-written sequence_number column; the relay fills
 -- {predecessor_key} and {row_key} accordingly.
 --
+-- The route filter is as in claim.sql. It leaves out a row, never its
+-- predecessors: a successor routed elsewhere still waits for them.
+--
 -- A predecessor that is in flight (leased), backing off or quarantined is
 -- unpublished, so its successors wait: a row is never published before its
 -- predecessor's publish has committed, on any replica. Which claim path a
@@ -25,7 +28,7 @@ WITH tried AS (
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
       AND t.attempt_count > 0
-      AND t.next_attempt_at <= now()
+      AND t.next_attempt_at <= now(){route_filter}
       AND NOT EXISTS (
           SELECT 1
           FROM {table} AS p
@@ -43,7 +46,7 @@ untried AS (
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
       AND t.attempt_count <= 0
-      AND t.next_attempt_at <= now()
+      AND t.next_attempt_at <= now(){route_filter}
       AND NOT EXISTS (
           SELECT 1
           FROM {table} AS p
