@@ -16,13 +16,17 @@
 //!   importing the assembler.
 //! - [`config`] — the validated [`config::Config`] of `run`, assembled from what each part
 //!   validated; it imports the parts and no part imports it, so imports flow one way, as data does.
+//!   [`config::file`] reads the configuration file (`OUTBOX_CONFIG`) into the same settings, and
+//!   the destinations and routes only the file can hold.
+//! - [`route`] — which destination an event goes to: globs on `event_type`, first match wins.
 //! - [`app`] — wiring of `outbox-relay run`: loop, LISTEN, maintenance, HTTP, shutdown.
 //! - [`event`] — [`event::Event`], one outbox row as the relay reads it; [`headers`], the
 //!   producer's optional headers column and the W3C trace context in it.
 //! - [`cloudevents`] — the message format: plain, or CloudEvents (binary mode on RabbitMQ and
 //!   Kafka, structured on SQS).
 //! - [`relay`] — the loop, claim → publish → record outcomes; `relay::decide` maps outcomes to
-//!   published / retry / quarantine.
+//!   published / retry / quarantine; [`relay::Destination`], one sink with its own readiness,
+//!   deferral outage and metrics, so one broker's outage holds back only its own rows.
 //! - [`store`] — every SQL statement (files in `src/store/sql/`), the table and database
 //!   settings, the embedded migrations, LISTEN.
 //! - [`sink`] — the [`sink::Sink`] contract and one folder per broker, each a cargo feature:

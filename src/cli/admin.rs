@@ -17,7 +17,7 @@
 //!
 //! Every database failure exits with status 1 (`CliError::Failed`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::ops::ControlFlow;
@@ -29,6 +29,8 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use super::CliError;
+use crate::config::DestinationConfig;
+use crate::route::Router;
 pub use crate::store::QuarantineCursor;
 use crate::store::{describe_pg, DatabaseConfig};
 use crate::store::{Backlog, QuarantinedRow, Store, StoreError, COUNT_CAP, STUCK_SCAN};
@@ -52,6 +54,24 @@ struct StatusJson {
     unpublished_exact: bool,
     quarantined_exact: bool,
     stuck_aggregates_exact: bool,
+    /// With routes: the unpublished rows of each destination.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    destinations: Option<BTreeMap<String, i64>>,
+    /// With routes: unpublished rows no route matches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unrouted: Option<i64>,
+    /// With routes: whether the per-destination counts cover every
+    /// unpublished row (else the oldest `COUNT_CAP`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    destinations_exact: Option<bool>,
+}
+
+/// The backlog split by destination, as the routes send it.
+#[derive(Debug)]
+struct PerDestination {
+    counts: BTreeMap<String, i64>,
+    unrouted: i64,
+    exact: bool,
 }
 
 /// One element of `quarantine list --json`.
@@ -65,13 +85,45 @@ struct QuarantinedJson<'a> {
 }
 
 /// `outbox-relay status [--json]`.
-pub async fn status(database: DatabaseConfig, json: bool) -> Result<(), CliError> {
+pub async fn status(
+    database: DatabaseConfig,
+    json: bool,
+    routes: Option<&(Vec<DestinationConfig>, Router)>,
+) -> Result<(), CliError> {
     let store = Store::new(&database, 1);
     let backlog = store.backlog().await.map_err(|e| failed(&database, e))?;
     let recent = store
         .published_within(RECENT_WINDOW)
         .await
         .map_err(|e| failed(&database, e))?;
+    let per_destination = match routes {
+        Some((destinations, router)) => {
+            let patterns: Vec<String> = router
+                .routes()
+                .iter()
+                .map(|route| route.event_type.like_pattern())
+                .collect();
+            let (by_route, exact) = store
+                .backlog_by_route(&patterns)
+                .await
+                .map_err(|e| failed(&database, e))?;
+            let mut counts: BTreeMap<String, i64> = destinations
+                .iter()
+                .map(|destination| (destination.name.clone(), 0))
+                .collect();
+            for (route, count) in router.routes().iter().zip(&by_route[1..]) {
+                *counts
+                    .entry(destinations[route.destination].name.clone())
+                    .or_default() += count;
+            }
+            Some(PerDestination {
+                counts,
+                unrouted: by_route[0],
+                exact,
+            })
+        }
+        None => None,
+    };
     let text = if json {
         let counts = backlog.counts;
         json_line(&StatusJson {
@@ -83,9 +135,12 @@ pub async fn status(database: DatabaseConfig, json: bool) -> Result<(), CliError
             unpublished_exact: counts.unpublished_exact,
             quarantined_exact: counts.quarantined_exact,
             stuck_aggregates_exact: counts.stuck_aggregates_exact,
+            destinations: per_destination.as_ref().map(|per| per.counts.clone()),
+            unrouted: per_destination.as_ref().map(|per| per.unrouted),
+            destinations_exact: per_destination.as_ref().map(|per| per.exact),
         })?
     } else {
-        render_status(&database, &backlog, recent)
+        render_status(&database, &backlog, recent, per_destination.as_ref())
     };
     emit(&text)
 }
@@ -298,7 +353,12 @@ fn emit(text: &str) -> Result<(), CliError> {
     }
 }
 
-fn render_status(database: &DatabaseConfig, backlog: &Backlog, recent: i64) -> String {
+fn render_status(
+    database: &DatabaseConfig,
+    backlog: &Backlog,
+    recent: i64,
+    per_destination: Option<&PerDestination>,
+) -> String {
     let table = database.table.to_string();
     let counts = &backlog.counts;
     let lines = [
@@ -328,6 +388,24 @@ fn render_status(database: &DatabaseConfig, backlog: &Backlog, recent: i64) -> S
             },
         ),
     ];
+    let mut lines: Vec<(String, String)> = lines
+        .into_iter()
+        .map(|(label, value)| (label.to_owned(), value))
+        .collect();
+    if let Some(per) = per_destination {
+        let among = if per.exact {
+            String::new()
+        } else {
+            format!(" (among the {COUNT_CAP} oldest)")
+        };
+        for (name, count) in &per.counts {
+            lines.push((format!("unpublished for {name}"), format!("{count}{among}")));
+        }
+        lines.push((
+            "unpublished, no route".to_owned(),
+            format!("{}{among}", per.unrouted),
+        ));
+    }
     let width = lines.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
     let mut text = String::new();
     for (label, value) in lines {

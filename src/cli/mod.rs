@@ -277,7 +277,10 @@ async fn dispatch(cli: Cli, sources: Sources) -> Result<(), CliError> {
         Some(Command::Status {
             database: settings,
             json,
-        }) => admin::status(database(settings)?, json).await,
+        }) => {
+            let routes = sources.routes()?;
+            admin::status(database(settings)?, json, routes.as_ref()).await
+        }
         Some(Command::Quarantine { action }) => match action {
             QuarantineAction::List {
                 database: settings,

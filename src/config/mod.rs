@@ -211,6 +211,26 @@ impl Sources {
                 return Ok((vec![destination], Router::everything_to_one()));
             }
         };
+        self.from_file(file, publish_timeout)
+    }
+
+    /// The file's destinations and routes, `None` without `[[destination]]`
+    /// tables: what `status` splits the backlog by.
+    pub fn routes(&self) -> Result<Option<(Vec<DestinationConfig>, Router)>, SettingsError> {
+        match &self.file {
+            Some(file) if !file.destinations.is_empty() => {
+                // The timeout only matters to a sink that publishes.
+                self.from_file(file, Duration::from_secs(30)).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn from_file(
+        &self,
+        file: &ConfigFile,
+        publish_timeout: Duration,
+    ) -> Result<(Vec<DestinationConfig>, Router), SettingsError> {
         let sink_keys = ids::<SinkSettings>();
         if let Some(entry) = file.settings.iter().find(|entry| sink_keys.contains(&entry.key)) {
             return Err(file

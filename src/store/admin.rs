@@ -178,6 +178,45 @@ impl Store {
         AdminStatements::for_table(&self.table)
     }
 
+    /// Unpublished rows per route (index 0: rows no route matches, then
+    /// each route of `patterns`, its `LIKE` pattern, in order), counted
+    /// among the [`super::COUNT_CAP`] oldest; `true` when that was all of
+    /// them (exact).
+    pub async fn backlog_by_route(&self, patterns: &[String]) -> Result<(Vec<i64>, bool), StoreError> {
+        let arms: String = (1..=patterns.len())
+            .map(|route| format!(" WHEN event_type LIKE ($2::text[])[{route}] THEN {route}"))
+            .collect();
+        let sql = super::casts::render(
+            &include_str!("sql/backlog_by_route.sql")
+                .replace("{table}", &self.table.quoted())
+                .replace("{route}", &format!("CASE{arms} ELSE 0 END")),
+        );
+        within(READ_TIMEOUT, async {
+            let mut client = self.pool.get().await?;
+            let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
+            let rows = Session::transaction(self.pooler, &tx)
+                .query(
+                    &sql,
+                    &[(&super::COUNT_CAP, Type::INT8), (&patterns, Type::TEXT_ARRAY)],
+                )
+                .await?;
+            tx.commit().await?;
+            let mut counts = vec![0; patterns.len() + 1];
+            for row in rows {
+                let route: i32 = row.try_get(0)?;
+                if let Some(count) = usize::try_from(route)
+                    .ok()
+                    .and_then(|route| counts.get_mut(route))
+                {
+                    *count = row.try_get(1)?;
+                }
+            }
+            let exact = counts.iter().sum::<i64>() < super::COUNT_CAP;
+            Ok((counts, exact))
+        })
+        .await
+    }
+
     /// Rows published within the last `window`.
     pub async fn published_within(&self, window: Duration) -> Result<i64, StoreError> {
         let sql = self.admin_sql().published_since;
