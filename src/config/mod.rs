@@ -211,7 +211,7 @@ impl Sources {
                 return Ok((vec![destination], Router::everything_to_one()));
             }
         };
-        self.from_file(file, publish_timeout)
+        self.file_destinations(file, publish_timeout)
     }
 
     /// The file's destinations and routes, `None` without `[[destination]]`
@@ -220,13 +220,13 @@ impl Sources {
         match &self.file {
             Some(file) if !file.destinations.is_empty() => {
                 // The timeout only matters to a sink that publishes.
-                self.from_file(file, Duration::from_secs(30)).map(Some)
+                self.file_destinations(file, Duration::from_secs(30)).map(Some)
             }
             _ => Ok(None),
         }
     }
 
-    fn from_file(
+    fn file_destinations(
         &self,
         file: &ConfigFile,
         publish_timeout: Duration,
