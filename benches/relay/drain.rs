@@ -37,6 +37,9 @@ pub struct Setup {
     pub retained: usize,
     /// OUTBOX_ON_PUBLISH=delete instead of mark.
     pub delete: bool,
+    /// The one destination from a configuration file (OUTBOX_CONFIG)
+    /// instead of the environment's sink variables.
+    pub config_file: bool,
 }
 
 pub async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
@@ -66,6 +69,25 @@ pub async fn drain_with(
     if setup.delete {
         settings.push(("OUTBOX_ON_PUBLISH", "delete".to_owned()));
     }
+    let config_file = setup.config_file.then(|| {
+        std::env::temp_dir().join(format!("outbox-bench-{}.toml", uuid::Uuid::new_v4().simple()))
+    });
+    if let Some(path) = &config_file {
+        let url = settings
+            .iter()
+            .find(|(name, _)| *name == "OUTBOX_AMQP_URL")
+            .map(|(_, url)| url.clone())
+            .unwrap_or_default();
+        std::fs::write(
+            path,
+            format!(
+                "[[destination]]\nname = \"bench\"\nsink = \"rabbitmq\"\namqp_url = \"{url}\"\namqp_exchange = \"{}\"\n",
+                broker.exchange
+            ),
+        )?;
+        settings.retain(|(name, _)| !name.starts_with("OUTBOX_AMQP_"));
+        settings.push(("OUTBOX_CONFIG", path.display().to_string()));
+    }
     let relays: Vec<RelayProcess> = (0..replicas)
         .map(|_| RelayProcess::start(&db, &settings))
         .collect();
@@ -85,6 +107,9 @@ pub async fn drain_with(
     let run = meter.finish(rows);
     // Dropping a RelayProcess kills it and waits for it.
     drop(relays);
+    if let Some(path) = config_file {
+        let _ = std::fs::remove_file(path);
+    }
     // Backends report their statistics when they end.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = table_stats(&db).await?;

@@ -123,6 +123,11 @@ struct Options {
     /// Only the relay's drain runs (to compare settings quickly).
     #[arg(long)]
     only_drain: bool,
+    /// Only the drain of one relay with its destination from the
+    /// environment, then from a configuration file, alternating `--repeat`
+    /// times.
+    #[arg(long)]
+    only_config_file: bool,
     /// Also drain with OUTBOX_ON_PUBLISH=delete (1 replica), against mark.
     #[arg(long)]
     delete_drain: bool,
@@ -160,6 +165,39 @@ struct Options {
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs a scenario `times` times and keeps the median run by `key`.
+/// The cost of reading the destination from a configuration file: the
+/// same drain, alternately configured by the environment and by the file,
+/// so that both see the same machine.
+async fn config_file(options: &Options) -> Result<(), Error> {
+    let mut runs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..options.repeat.max(1) {
+        for (config_file, rates) in [false, true].into_iter().zip(runs.iter_mut()) {
+            let setup = drain::Setup {
+                config_file,
+                ..Default::default()
+            };
+            let run = drain::drain_with(options, 1, options.rows, setup).await?;
+            eprintln!(
+                "drain, destination from the {}: {:.0} events/s",
+                if config_file { "file" } else { "environment" },
+                run.run.events_per_second
+            );
+            rates.push(run.run.events_per_second);
+        }
+    }
+    let median = |rates: &mut Vec<f64>| {
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    let (environment, file) = (median(&mut runs[0]), median(&mut runs[1]));
+    println!(
+        "| destination from | events/s (median of {}) |\n|---|---|\n| environment | {environment:.0} |\n| configuration file | {file:.0} ({:.2}×) |",
+        options.repeat.max(1),
+        file / environment
+    );
+    Ok(())
+}
+
 async fn median_of<T, F, Fut>(times: usize, mut scenario: F, key: impl Fn(&T) -> f64) -> Result<T, Error>
 where
     F: FnMut() -> Fut,
@@ -197,6 +235,9 @@ async fn main() -> Result<(), Error> {
     if options.only_sqs {
         report::sqs_lines(&sqs::run(&options, &options.sqs_endpoint).await?);
         return Ok(());
+    }
+    if options.only_config_file {
+        return config_file(&options).await;
     }
     let bare = median_of(
         options.repeat,
