@@ -7,10 +7,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::unique;
 
@@ -52,6 +53,33 @@ impl TestBroker {
     /// Declares an exchange and a queue bound with `binding_key` on the
     /// RabbitMQ at `amqp_url`.
     pub async fn create_at(amqp_url: &str, binding_key: &str) -> Self {
+        Self::create_with_queue_arguments(amqp_url, binding_key, FieldTable::default()).await
+    }
+
+    /// Declares an exchange and a queue bound with `binding_key` on the
+    /// tests' RabbitMQ, the queue holding at most `max_length` messages and
+    /// refusing more (`x-overflow: reject-publish`): once full, the broker
+    /// nacks every message published to it, which a relay must take as
+    /// backpressure. [`TestBroker::fill`] fills it, [`TestBroker::purge`]
+    /// makes room again.
+    pub async fn create_rejecting_beyond(binding_key: &str, max_length: i64) -> Self {
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongLongInt(max_length));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        Self::create_with_queue_arguments(&amqp_url(), binding_key, arguments).await
+    }
+
+    /// Declares an exchange and a queue bound with `binding_key` on the
+    /// RabbitMQ at `amqp_url`, the queue declared with `queue_arguments`
+    /// (beside the expiry every test queue has).
+    pub async fn create_with_queue_arguments(
+        amqp_url: &str,
+        binding_key: &str,
+        queue_arguments: FieldTable,
+    ) -> Self {
         let connection = Connection::connect(amqp_url, ConnectionProperties::default())
             .await
             .unwrap_or_else(|e| {
@@ -80,8 +108,8 @@ impl TestBroker {
         // Unused for 15 minutes (no consumer, no declare), the broker deletes
         // the queue: far longer than any test, short enough to reclaim what
         // a failed test left.
-        let mut queue_arguments = FieldTable::default();
-        queue_arguments.insert("x-expires".into(), lapin::types::AMQPValue::LongLongInt(900_000));
+        let mut queue_arguments = queue_arguments;
+        queue_arguments.insert("x-expires".into(), AMQPValue::LongLongInt(900_000));
         channel
             .queue_declare(
                 queue.as_str().into(),
@@ -193,6 +221,77 @@ impl TestBroker {
         ]
     }
 
+    /// Publishes `count` messages of the test's own (message id
+    /// [`FILLER_ID`]) straight to the queue, each confirmed: a queue made by
+    /// [`TestBroker::create_rejecting_beyond`] with `max_length` = `count`
+    /// is then full, and nacks whatever comes next.
+    pub async fn fill(&self, count: usize) {
+        let channel = self.connection.create_channel().await.expect("filler channel");
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("publisher confirms");
+        for _ in 0..count {
+            let confirmation = channel
+                .basic_publish(
+                    "".into(),
+                    self.queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    b"{}",
+                    BasicProperties::default().with_message_id(FILLER_ID.into()),
+                )
+                .await
+                .expect("publish filler")
+                .await
+                .expect("filler confirmed");
+            assert!(
+                confirmation.is_ack(),
+                "the queue {} refused a filler message: it was full already",
+                self.queue
+            );
+        }
+        let _ = channel.close(200, "done".into()).await;
+    }
+
+    /// Messages ready in the queue.
+    pub async fn message_count(&self) -> u32 {
+        self.channel
+            .queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("passive queue declare")
+            .message_count()
+    }
+
+    /// Removes every ready message from the queue; returns how many.
+    pub async fn purge(&self) -> u32 {
+        self.channel
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+            .expect("purge queue")
+    }
+
+    /// The settings of a configuration file's `[[destination]]` (sink
+    /// `rabbitmq`) that publishes to this test's exchange through
+    /// `amqp_url` (this broker, or a proxy in front of it).
+    pub fn destination_settings_via(&self, amqp_url: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("amqp_url", amqp_url.to_owned()),
+            ("amqp_exchange", self.exchange.clone()),
+        ]
+    }
+
+    /// [`TestBroker::destination_settings_via`] this test's broker.
+    pub fn destination_settings(&self) -> Vec<(&'static str, String)> {
+        self.destination_settings_via(&self.url)
+    }
+
     /// Deletes the queue and exchange.
     pub async fn cleanup(self) {
         let _ = self
@@ -206,6 +305,9 @@ impl TestBroker {
         let _ = self.connection.close(200, "done".into()).await;
     }
 }
+
+/// The message id of what [`TestBroker::fill`] publishes: no row's id.
+pub const FILLER_ID: &str = "filler";
 
 /// The message id a delivery carries, or "" without one.
 fn message_id(delivery: &Delivery) -> String {

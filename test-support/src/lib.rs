@@ -3,7 +3,8 @@
 //! of their own ([`broker`]), an SQS queue of its own ([`sqs`]), a NATS
 //! JetStream stream of its own ([`nats`]), a Kafka cluster of its own
 //! (librdkafka's mock cluster, [`kafka`]), the relay
-//! binary as a child process ([`relay_process`]), a cuttable TCP proxy
+//! binary as a child process ([`relay_process`]) and a configuration file
+//! of its own ([`config_file`]), a cuttable TCP proxy
 //! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
 //! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
 //! and a PostgreSQL cluster ([`private_postgres`]) to disturb (alarms,
@@ -25,6 +26,7 @@
 
 #[cfg(feature = "amqp")]
 pub mod broker;
+pub mod config_file;
 pub mod db;
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -27,6 +27,31 @@ impl Proxy {
         Self::start_with_latency(target, Duration::ZERO).await
     }
 
+    /// A proxy in front of the server `url` names (its host and port, or
+    /// the scheme's default port), and `url` rewritten to reach that server
+    /// through it: give the rewritten URL to the relay, and cutting or
+    /// refusing here takes the server away from that relay alone.
+    pub async fn in_front_of(url: &str) -> (Self, String) {
+        let parsed = url::Url::parse(url).unwrap_or_else(|e| panic!("{url} is not a URL: {e}"));
+        let host = parsed.host_str().unwrap_or_else(|| panic!("{url} names no host"));
+        let port = parsed
+            .port_or_known_default()
+            .or_else(|| parsed.scheme().starts_with("amqp").then_some(5672))
+            .unwrap_or_else(|| panic!("{url} names no port"));
+        let target = tokio::net::lookup_host((host, port))
+            .await
+            .unwrap_or_else(|e| panic!("resolve {host}: {e}"))
+            .next()
+            .unwrap_or_else(|| panic!("{host} has no address"));
+        let proxy = Self::start(target).await;
+        let mut via = parsed.clone();
+        via.set_host(Some("127.0.0.1"))
+            .expect("a URL with a host takes another");
+        via.set_port(Some(proxy.addr.port()))
+            .expect("a URL with a host takes a port");
+        (proxy, via.to_string())
+    }
+
     /// Like [`Proxy::start`], holding everything read in either direction
     /// for `latency` before passing it on: what arrives meanwhile goes with
     /// it, so pipelined requests share one delay, and a client waiting for

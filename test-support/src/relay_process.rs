@@ -112,6 +112,18 @@ impl RelayProcess {
         Self { child }
     }
 
+    /// Starts `command` (a [`TestDb::relay_command`] the test completed,
+    /// e.g. with a configuration file) as the relay child process, its
+    /// output going to the test's stderr like [`RelayProcess::start`]'s.
+    pub fn spawn(mut command: Command) -> Self {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start relay");
+        Self { child }
+    }
+
     /// Starts `outbox-relay run` like [`RelayProcess::start`], logging JSON:
     /// a thread copies each line to the test's stderr and hands it to
     /// `read`. The thread ends once the process is gone (dropped), so

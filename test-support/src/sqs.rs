@@ -36,6 +36,16 @@ pub const ACCESS_KEY: &str = "test";
 pub const SECRET_KEY: &str = "test";
 pub const REGION: &str = "us-east-1";
 
+/// The AWS settings every relay publishing to the emulator needs, whichever
+/// way its queue is configured: the SDK reads them from the environment.
+pub fn aws_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
+        ("AWS_REGION", REGION.into()),
+    ]
+}
+
 /// A client for the emulator at `endpoint_url`.
 pub fn client(endpoint_url: &str) -> Client {
     let config = aws_sdk_sqs::Config::builder()
@@ -144,6 +154,22 @@ impl TestQueue {
     /// The relay settings that publish to this queue on the emulator.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         self.env_via(&self.endpoint)
+    }
+
+    /// The settings of a configuration file's `[[destination]]` (sink
+    /// `sqs`) that publishes to this queue through `endpoint_url` (the
+    /// emulator, or a proxy in front of it). The credentials and region
+    /// stay in the environment: [`aws_env`].
+    pub fn destination_settings_via(&self, endpoint_url: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("sqs_queue_url", self.url.clone()),
+            ("sqs_endpoint_url", endpoint_url.to_owned()),
+        ]
+    }
+
+    /// [`TestQueue::destination_settings_via`] the emulator.
+    pub fn destination_settings(&self) -> Vec<(&'static str, String)> {
+        self.destination_settings_via(&self.endpoint)
     }
 
     /// One `ReceiveMessage` call (long-polling up to a second), with every
