@@ -7,7 +7,9 @@
 //!
 //! - `status --json`: `{"unpublished":N,"oldest_unpublished_age_seconds":F,
 //!   "quarantined":N,"published_last_hour":N,"stuck_aggregates":N,
-//!   "unpublished_exact":B,"quarantined_exact":B,"stuck_aggregates_exact":B}`
+//!   "unpublished_exact":B,"quarantined_exact":B,"stuck_aggregates_exact":B}`, and with
+//!   destinations in the configuration file `"destinations":{"<name>":N,…},"unrouted":N,
+//!   "destinations_exact":B` (counted among the `COUNT_CAP` oldest unpublished rows)
 //!   (a count that is not exact is an estimate, or for stuck aggregates a
 //!   lower bound: see `store/sql/backlog.sql`)
 //! - `quarantine list --json`: `[{"id":"…","event_type":"…","attempt_count":N,

@@ -301,13 +301,13 @@ fn destination(
                 && entry
                     .value
                     .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'));
             if !valid {
                 return Err(file.error(
                     entry.line,
                     &Scope::DestinationNumber(number),
                     "name",
-                    "must be 1 to 64 letters, digits, '_', '-' or '.'",
+                    "must be 1 to 64 lower-case letters, digits, '_' or '-' (it is a metrics label)",
                 ));
             }
             entry.value.clone()
