@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use backon::ExponentialBackoff;
 use futures::FutureExt;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::health::DestinationHealth;
@@ -36,6 +37,9 @@ pub struct Destination {
     gate: Mutex<GateState>,
     outage: Mutex<Outage>,
     check_timeout: Duration,
+    /// Woken when a check that did not answer at once has its answer, so
+    /// that workers waiting for one go on at once.
+    checked: Arc<Notify>,
 }
 
 /// Whether a destination may be given rows now.
@@ -91,7 +95,13 @@ impl Destination {
             metrics,
             gate: Mutex::default(),
             check_timeout,
+            checked: Arc::default(),
         }
+    }
+
+    /// Wakes `checked` whenever a check that was under way ends.
+    pub(super) fn notify_checks(&mut self, checked: Arc<Notify>) {
+        self.checked = checked;
     }
 
     /// Asks the sink whether it is ready, without waiting for an answer

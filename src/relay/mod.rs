@@ -103,6 +103,8 @@ pub struct Relay {
     health: Arc<RelayHealth>,
     /// Failures and quarantines of rows no destination was chosen for.
     unrouted: (Counter, Counter),
+    /// Woken when a destination's readiness check that was under way ends.
+    checked: Arc<Notify>,
 }
 
 /// What a worker claims next.
@@ -140,11 +142,15 @@ impl Relay {
     /// Assembles a relay publishing to `destinations` as `router` says.
     pub fn routed(
         store: Arc<Store>,
-        destinations: Vec<Destination>,
+        mut destinations: Vec<Destination>,
         router: Router,
         config: RelayConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let checked = Arc::new(Notify::new());
+        for destination in &mut destinations {
+            destination.notify_checks(checked.clone());
+        }
         let route_patterns = router
             .routes()
             .iter()
@@ -169,6 +175,7 @@ impl Relay {
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
             unrouted: metrics.unrouted(),
+            checked,
         }
     }
 
@@ -242,11 +249,19 @@ impl Relay {
         let mut confirmed = Confirmed::default();
         while !shutdown.is_cancelled() {
             self.liveness.beat(worker);
+            // Listening before the plan looks, so that a check ending in
+            // between still wakes this worker.
+            let checked = self.checked.notified();
+            tokio::pin!(checked);
+            checked.as_mut().enable();
             let plan = match self.plan() {
                 Ok(plan) => plan,
                 Err(delay) => {
                     self.record_confirmed(&mut confirmed, shutdown).await;
-                    sleep_or_cancel(delay, shutdown).await;
+                    tokio::select! {
+                        _ = sleep_or_cancel(delay, shutdown) => {}
+                        _ = checked => {}
+                    }
                     continue;
                 }
             };
