@@ -69,9 +69,9 @@ pub async fn drain_with(
     if setup.delete {
         settings.push(("OUTBOX_ON_PUBLISH", "delete".to_owned()));
     }
-    let config_file = setup.config_file.then(|| {
-        std::env::temp_dir().join(format!("outbox-bench-{}.toml", uuid::Uuid::new_v4().simple()))
-    });
+    let config_file = setup
+        .config_file
+        .then(|| std::env::temp_dir().join(format!("outbox-bench-{}.toml", uuid::Uuid::new_v4().simple())));
     if let Some(path) = &config_file {
         let url = settings
             .iter()
