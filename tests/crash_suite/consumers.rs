@@ -34,6 +34,8 @@ pub struct Ledger {
     /// Every delivery of an event, in the order received: the id and
     /// whether it came back because the consumer itself did not ack it.
     pub deliveries: Vec<(Uuid, bool)>,
+    /// The routing key of every RabbitMQ delivery, in the order received.
+    pub routing_keys: Vec<(Uuid, String)>,
     /// Messages whose id is not a UUID.
     pub malformed: Vec<String>,
     /// Deliveries whose `traceparent` is not the one the producer wrote:
@@ -266,6 +268,7 @@ pub fn start_amqp_consumer(broker: &TestBroker, run: &Run) -> tokio::task::JoinH
                     ledger.wrong_trace.push((id, traceparent));
                 }
                 ledger.deliveries.push((id, delivery.redelivered));
+                ledger.routing_keys.push((id, delivery.routing_key.to_string()));
                 ledger.in_flight += 1;
                 if delivery.redelivered {
                     ledger.awaiting_redelivery -= 1;

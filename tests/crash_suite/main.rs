@@ -41,6 +41,15 @@
 //! transaction mode (`OUTBOX_DATABASE_POOLER=transaction`), with the same
 //! chaos and the same checks.
 //!
+//! One run has routes: every relay reads a configuration file
+//! (`OUTBOX_CONFIG`) with two RabbitMQ destinations, each a connection of
+//! its own through the relay's proxy to the run's exchange, and a route to
+//! each for one of the two event types the producer alternates between.
+//! The same chaos (a cut takes both of a relay's connections) and the same
+//! checks, and one more: each destination gives its messages a routing key
+//! of its own, and every delivery of an event came with the key of the
+//! destination its route names.
+//!
 //! The chaos schedule comes from a seeded RNG; the seed is printed, and
 //! `OUTBOX_CRASH_SEED=<seed>` replays the same schedule (the interleaving
 //! with the processes still varies: it is timing).
@@ -65,6 +74,7 @@ use common::private_rabbit::PrivateRabbit;
 use common::proxy::Proxy;
 use common::servers::PgBouncer;
 use common::sqs::TestQueue;
+use common::system::{temp_dir, OwnedDir};
 use common::{eventually, Stored, TestBroker, TestDb, TestStream};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -109,6 +119,9 @@ struct Scenario {
     ordering: bool,
     /// Every n-th event (0: none) has an event type no queue is bound to.
     unroutable_every: i64,
+    /// Every relay reads the configuration file of [`ROUTES`] (RabbitMQ
+    /// only), and the producer writes the routes' event types in turn.
+    routes: bool,
     /// `OUTBOX_MAX_ATTEMPTS`.
     max_attempts: u32,
     /// Outages only, on private servers: broker alarms, database restarts
@@ -134,9 +147,63 @@ const MAIN_RUN: Scenario = Scenario {
     workers: 4,
     ordering: false,
     unroutable_every: 100,
+    routes: false,
     max_attempts: MANY_ATTEMPTS,
     outages: false,
 };
+
+impl Scenario {
+    /// The event types the producer writes, in turn (but for the
+    /// unroutable rows).
+    fn event_types(&self) -> Vec<&'static str> {
+        if self.routes {
+            ROUTES.iter().map(|(event_type, _)| *event_type).collect()
+        } else {
+            vec![producer::EVENT_TYPE]
+        }
+    }
+}
+
+/// The routes of the run with routes, in the file's order: an event type
+/// and the destination its route names.
+const ROUTES: [(&str, &str); 2] = [("chaos.a", "a"), ("chaos.b", "b")];
+
+/// The routing key an event of `event_type` gets from the destination its
+/// route names (its name, a dot, the event type: `amqp_routing_key =
+/// "a.{event_type}"`); `None` for a type no route matches.
+fn routed_key(event_type: &str) -> Option<String> {
+    ROUTES
+        .iter()
+        .find(|(routed, _)| *routed == event_type)
+        .map(|(_, destination)| format!("{destination}.{event_type}"))
+}
+
+/// Writes the configuration file of [`ROUTES`], which every relay of the
+/// run reads: two RabbitMQ destinations, each publishing to the exchange
+/// `${CHAOS_AMQP_EXCHANGE}` through `${CHAOS_AMQP_URL}` (the relay's own
+/// proxy, from its environment) with the routing key [`routed_key`]
+/// says, and a route to each. Returns the file's directory, removed when
+/// dropped, and the file's path.
+fn write_routes_file() -> (OwnedDir, String) {
+    let mut toml = String::new();
+    for (_, destination) in ROUTES {
+        toml.push_str(&format!(
+            "[[destination]]\nname = \"{destination}\"\nsink = \"rabbitmq\"\n\
+             amqp_url = \"${{CHAOS_AMQP_URL}}\"\namqp_exchange = \"${{CHAOS_AMQP_EXCHANGE}}\"\n\
+             amqp_routing_key = \"{destination}.{{event_type}}\"\n\n"
+        ));
+    }
+    for (event_type, destination) in ROUTES {
+        toml.push_str(&format!(
+            "[[route]]\nevent_type = \"{event_type}\"\ndestination = \"{destination}\"\n\n"
+        ));
+    }
+    let dir = temp_dir("crash-suite-routes");
+    let path = dir.path.join("outbox-relay.toml");
+    std::fs::write(&path, toml).expect("write the configuration file");
+    let path = path.to_str().expect("temporary paths are UTF-8").to_owned();
+    (dir, path)
+}
 
 fn seed() -> u64 {
     std::env::var("OUTBOX_CRASH_SEED")
@@ -376,15 +443,36 @@ async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: boo
         ],
         None => Vec::new(),
     };
+    // The destinations of the run with routes put their name before the
+    // event type in the routing key: bound to every key, the queue also
+    // receives what a destination publishes that its route does not name,
+    // for the checks to see.
+    let binding = if run.scenario.routes { "#" } else { "chaos.#" };
     let broker = match &run.private {
-        Some((_, rabbit)) => rabbit.broker("chaos.#").await,
-        None => TestBroker::create("chaos.#").await,
+        Some((_, rabbit)) => rabbit.broker(binding).await,
+        None => TestBroker::create(binding).await,
     };
+    let routes_file = run.scenario.routes.then(write_routes_file);
     let consumer = start_amqp_consumer(&broker, &run);
     let chaos = run
         .relays_under_chaos(amqp_addr(&broker.url), |proxy| {
-            let mut env = broker.env();
-            env.push(("OUTBOX_AMQP_URL", amqp_via(proxy, &broker.url)));
+            let via = amqp_via(proxy, &broker.url);
+            let mut env = match &routes_file {
+                // The relay is also given OUTBOX_AMQP_URL, the broker
+                // itself (see TestDb::relay_command): with [[destination]]
+                // tables it must not use it. Were it used, its messages
+                // would bypass the proxy and go to no exchange of the run.
+                Some((_, path)) => vec![
+                    ("OUTBOX_CONFIG", path.clone()),
+                    ("CHAOS_AMQP_URL", via),
+                    ("CHAOS_AMQP_EXCHANGE", broker.exchange.clone()),
+                ],
+                None => {
+                    let mut env = broker.env();
+                    env.push(("OUTBOX_AMQP_URL", via));
+                    env
+                }
+            };
             env.extend(database_env.iter().cloned());
             env
         })
@@ -451,6 +539,21 @@ async fn rabbitmq_with_aggregate_ordering_first_deliveries_stay_in_order_under_c
         ordering: true,
         // An unroutable row would stall its aggregate until quarantine.
         unroutable_every: 0,
+        ..MAIN_RUN
+    })
+    .await;
+}
+
+/// Routes: the main run's chaos against relays that publish through two
+/// destinations, each event type routed to one of them.
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_with_routes_to_two_destinations_under_chaos_loses_nothing_and_misroutes_nothing() {
+    rabbitmq_under_chaos(Scenario {
+        name: "rabbitmq, routes",
+        // With routes, a row no route matches is quarantined on its first
+        // attempt, which the checks would take for the chaos's doing.
+        unroutable_every: 0,
+        routes: true,
         ..MAIN_RUN
     })
     .await;
@@ -588,8 +691,8 @@ async fn kafka_relays_killed_and_brokers_dropped_at_random_lose_nothing() {
     let mut run = Run::begin(scenario).await;
     let cluster = std::sync::Arc::new(common::kafka::KafkaMock::start(3));
     let prefix = common::kafka::unique_topic("crash");
-    // The producer's event type (see producer.rs).
-    let topic = format!("{prefix}.chaos.test");
+    // The producer's event type.
+    let topic = format!("{prefix}.{}", producer::EVENT_TYPE);
     cluster.create_topic(&topic, 6);
     let template = format!("{prefix}.{{event_type}}");
     // Brokers go down one at a time for up to 1.5 s, every 1 to 4 s, while

@@ -12,13 +12,18 @@ use crate::{Scenario, SETTLE};
 /// is bound to `chaos.#`).
 pub const UNROUTABLE: &str = "unrouted.event";
 
+/// The event type of every other row, but in the run with routes (see
+/// [`Scenario::event_types`]).
+pub const EVENT_TYPE: &str = "chaos.test";
+
 /// Inserts the scenario's events at a steady pace, as producers would:
-/// aggregate `agg-(n % aggregates)`, and `created_at` strictly increasing
-/// with `n` (1 ms apart), so the order within an aggregate is well defined
-/// and rows are never inserted behind rows already published. Event `n`
-/// has an id derived from `n`, so a chunk whose commit the producer did
-/// not see (the database restarted) is inserted again, on a new
-/// connection, without doubling any event.
+/// the scenario's event types in turn, aggregate `agg-(n % aggregates)`,
+/// and `created_at` strictly increasing with `n` (1 ms apart), so the
+/// order within an aggregate is well defined and rows are never inserted
+/// behind rows already published. Event `n` has an id derived from `n`,
+/// so a chunk whose commit the producer did not see (the database
+/// restarted) is inserted again, on a new connection, without doubling
+/// any event.
 ///
 /// Each row carries a W3C `traceparent` derived from its id (see
 /// [`traceparent`]), as a producer writes its current trace context.
@@ -26,6 +31,7 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
     let url = db.url.clone();
     let (events, aggregates, unroutable_every) =
         (scenario.events, scenario.aggregates, scenario.unroutable_every);
+    let event_types = scenario.event_types();
     let chunks = 100_i64;
     let pause = scenario.produce_for / chunks as u32;
     tokio::spawn(async move {
@@ -44,14 +50,23 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
                 .execute(
                     "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, headers)
                      SELECT md5('chaos-' || n)::uuid,
-                            CASE WHEN $5::bigint > 0 AND n % $5::bigint = 0 THEN $6 ELSE 'chaos.test' END,
+                            CASE WHEN $5::bigint > 0 AND n % $5::bigint = 0 THEN $6
+                                 ELSE ($7::text[])[1 + n % cardinality($7::text[])] END,
                             'agg-' || (n % $3),
                             jsonb_build_object('n', n), $4::timestamptz + n * interval '1 millisecond',
                             jsonb_build_object('traceparent',
                                 '00-' || md5('chaos-' || n) || '-' || left(md5('chaos-' || n), 16) || '-01')
                      FROM generate_series($1::bigint, $2::bigint) AS n
                      ON CONFLICT (id) DO NOTHING",
-                    &[&from, &to, &aggregates, &base, &unroutable_every, &UNROUTABLE],
+                    &[
+                        &from,
+                        &to,
+                        &aggregates,
+                        &base,
+                        &unroutable_every,
+                        &UNROUTABLE,
+                        &event_types,
+                    ],
                 )
                 .await;
             match inserted {

@@ -8,11 +8,12 @@ use uuid::Uuid;
 use crate::chaos::ChaosLog;
 use crate::consumers::Ledger;
 use crate::producer::UNROUTABLE;
-use crate::Run;
+use crate::{routed_key, Run, ROUTES};
 
 /// One outbox row as the suite checks it.
 struct Row {
     id: Uuid,
+    event_type: String,
     aggregate_id: String,
     attempt_count: i32,
 }
@@ -71,7 +72,7 @@ pub async fn verify(run: &Run, ledger: &Ledger, chaos: &ChaosLog, one_publish_pe
     let rows: Vec<Row> = db
         .client
         .query(
-            "SELECT id, aggregate_id, attempt_count FROM outbox_event
+            "SELECT id, event_type, aggregate_id, attempt_count FROM outbox_event
              WHERE event_type <> $1 ORDER BY created_at, id",
             &[&UNROUTABLE],
         )
@@ -80,8 +81,9 @@ pub async fn verify(run: &Run, ledger: &Ledger, chaos: &ChaosLog, one_publish_pe
         .iter()
         .map(|row| Row {
             id: row.get(0),
-            aggregate_id: row.get(1),
-            attempt_count: row.get(2),
+            event_type: row.get(1),
+            aggregate_id: row.get(2),
+            attempt_count: row.get(3),
         })
         .collect();
     let by_id: HashMap<Uuid, &Row> = rows.iter().map(|row| (row.id, row)).collect();
@@ -132,6 +134,31 @@ pub async fn verify(run: &Run, ledger: &Ledger, chaos: &ChaosLog, one_publish_pe
     );
     let missing = rows.iter().filter(|row| !received.contains(&row.id)).count();
     assert_eq!(missing, 0, "{missing} events never reached the consumer");
+    if scenario.routes {
+        // Each destination gives its messages a routing key of its own:
+        // a delivery with another key came through a destination its
+        // event's route does not name (or through none of the file's).
+        for (event_type, destination) in ROUTES {
+            assert!(
+                rows.iter().any(|row| row.event_type == event_type),
+                "no event of type {event_type}: destination {destination} was not put to the test"
+            );
+        }
+        let misrouted: Vec<(Uuid, &str, &str)> = ledger
+            .routing_keys
+            .iter()
+            .filter(|(id, key)| routed_key(&by_id[id].event_type).as_deref() != Some(key.as_str()))
+            .map(|(id, key)| (*id, by_id[id].event_type.as_str(), key.as_str()))
+            .collect();
+        assert!(
+            misrouted.is_empty(),
+            "{} of {} deliveries came with a routing key that is not their route's destination's \
+             (id, event type, routing key), e.g. {:?}",
+            misrouted.len(),
+            ledger.routing_keys.len(),
+            misrouted.iter().take(3).collect::<Vec<_>>()
+        );
+    }
 
     // Duplicates: what the relays sent more than once, apart from what the
     // consumer handed back itself.
