@@ -249,7 +249,16 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             .replace("{headers}", "NULL::text"),
         )
     };
-    let claim = include_str!("../src/store/sql/claim.sql");
+    let claim = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", "");
+    // The claim of a relay with two routes while one destination is down,
+    // as Store renders it: the filter's parameters after the others.
+    let route_filter = "\n      AND CASE WHEN event_type LIKE ($5::text[])[1] THEN ($6::bool[])[1] \
+                        WHEN event_type LIKE ($5::text[])[2] THEN ($6::bool[])[2] ELSE ($6::bool[])[3] END";
+    let routed = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", route_filter);
+    let (patterns, take) = (
+        vec!["order.%".to_owned(), "payment.%".to_owned()],
+        vec![false, true, true],
+    );
     // The claim that marks the previous batch first, as Store renders it.
     let mark = include_str!("../src/store/sql/mark_published.sql")
         .replace("$1::uuid[]", "$5::uuid[]")
@@ -260,11 +269,18 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     // Planned on a connection of the relay's own pool, with its planner
     // settings; plain EXPLAIN does not run the statement.
     let client = store.client().await.expect("pooled connection");
-    for (what, sql, records) in [
+    for (what, sql, records, filtered) in [
         (
             "claim",
             render(&claim.replace("{finish}", "").replace("{not_finished}", "")),
             false,
+            false,
+        ),
+        (
+            "claim with a route filter",
+            render(&routed.replace("{finish}", "").replace("{not_finished}", "")),
+            false,
+            true,
         ),
         (
             "claim after a mark",
@@ -274,10 +290,12 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
                     .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])"),
             ),
             true,
+            false,
         ),
         (
             "ordered claim",
-            render(include_str!("../src/store/sql/claim_ordered.sql")),
+            render(&include_str!("../src/store/sql/claim_ordered.sql").replace("{route_filter}", "")),
+            false,
             false,
         ),
     ] {
@@ -286,6 +304,10 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         if records {
             params.push(&confirmed);
             params.push(&attempts);
+        }
+        if filtered {
+            params.push(&patterns);
+            params.push(&take);
         }
         let plan: Vec<String> = client
             .query(&format!("EXPLAIN {sql}"), &params)
