@@ -218,34 +218,36 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     problems.extend(state.health.problem());
     // A broker that answers its probe while deferring every batch is not
     // ready either.
-    let states: Vec<(&Destination, Option<String>)> = state
+    // Each destination's problems: its sink's check, and whether its
+    // broker defers batches (both, when both hold).
+    let states: Vec<(&Destination, Vec<String>)> = state
         .destinations
         .iter()
         .zip(sinks)
         .map(|(destination, check)| {
-            let problem = match check {
-                Ok(Ok(())) => destination
+            let mut problems = Vec::new();
+            match check {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => problems.push(format!("{}: {e}", destination.sink.kind())),
+                Err(_) => problems.push(format!(
+                    "{}: no answer within {PROBE_TIMEOUT:?}",
+                    destination.sink.kind()
+                )),
+            }
+            problems.extend(
+                destination
                     .health
                     .problem()
                     .map(|deferring| format!("broker: {deferring}")),
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
-            };
-            (destination, problem)
+            );
+            (destination, problems)
         })
         .collect();
-    let any_ready = states.iter().any(|(_, problem)| problem.is_none());
+    let any_ready = states.iter().any(|(_, problems)| problems.is_empty());
     // A relay configured by the environment answers as it always has.
-    if let [(only, problem)] = states.as_slice() {
+    if let [(only, own)] = states.as_slice() {
         if only.name == DEFAULT_DESTINATION {
-            problems.extend(
-                problem
-                    .as_ref()
-                    .map(|problem| match problem.strip_prefix("broker: ") {
-                        Some(_) => problem.clone(),
-                        None => format!("{}: {problem}", only.sink.kind()),
-                    }),
-            );
+            problems.extend(own.iter().cloned());
             return if problems.is_empty() {
                 (StatusCode::OK, "ready\n".to_owned())
             } else {
@@ -253,17 +255,21 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
             };
         }
     }
-    let lines = states.iter().map(|(destination, problem)| match problem {
-        None => format!(
-            "destination {} ({}): ready",
-            destination.name,
-            destination.sink.kind()
-        ),
-        Some(problem) => format!(
-            "destination {} ({}): not ready: {problem}",
-            destination.name,
-            destination.sink.kind()
-        ),
+    let lines = states.iter().map(|(destination, own)| {
+        if own.is_empty() {
+            format!(
+                "destination {} ({}): ready",
+                destination.name,
+                destination.sink.kind()
+            )
+        } else {
+            format!(
+                "destination {} ({}): not ready: {}",
+                destination.name,
+                destination.sink.kind(),
+                own.join("; ")
+            )
+        }
     });
     if problems.is_empty() && any_ready {
         let body: Vec<String> = std::iter::once("ready".to_owned()).chain(lines).collect();
