@@ -10,8 +10,8 @@
 //!   are not used.
 //! - Each event goes where the first matching route sends it, and nowhere
 //!   else; an event no route matches is quarantined on its first attempt.
-//! - A destination that is down (its queue full, its broker unreachable)
-//!   holds back only its own rows, charges them nothing and is probed
+//! - A destination that is down (its queue full, its broker unreachable,
+//!   every request denied) holds back only its own rows, charges them nothing and is probed
 //!   gently, while the other destinations drain; once back, it gets every
 //!   row.
 //! - With `OUTBOX_ORDERING=aggregate`, an aggregate's events are published
@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use common::config_file::{destination, route, toml_string, ConfigFile};
 use common::proxy::Proxy;
-use common::sqs::{aws_env, SqsReceived, TestQueue};
+use common::sqs::{aws_env, endpoint as sqs_endpoint, SqsReceived, TestQueue};
+use common::sqs_faults::{Fault, SqsProxy};
 use common::system::free_port;
 use common::{eventually, quick_settings, with, RelayProcess, TestBroker, TestDb};
 use uuid::Uuid;
@@ -845,13 +846,20 @@ async fn each_event_goes_only_where_its_first_matching_route_sends_it() {
 
 // --------------------------------------------------------------- outages
 
-/// A file with an SQS destination `orders` (`order.*`) and a RabbitMQ
-/// destination `ledger` (`ledger.*`) reached at `ledger_url`.
-fn orders_and_ledger(port: u16, orders: &TestQueue, ledger: &TestBroker, ledger_url: &str) -> ConfigFile {
+/// A file with an SQS destination `orders` (`order.*`) reached at
+/// `orders_url` and a RabbitMQ destination `ledger` (`ledger.*`) reached
+/// at `ledger_url`.
+fn orders_and_ledger(
+    port: u16,
+    orders: &TestQueue,
+    orders_url: &str,
+    ledger: &TestBroker,
+    ledger_url: &str,
+) -> ConfigFile {
     ConfigFile::write(&format!(
         "{}\n{}\n{}\n{}\n{}",
         quick_top_level(port),
-        destination("orders", "sqs", &orders.destination_settings()),
+        destination("orders", "sqs", &orders.destination_settings_via(orders_url)),
         destination("ledger", "rabbitmq", &ledger.destination_settings_via(ledger_url)),
         route("order.*", "orders"),
         route("ledger.*", "ledger"),
@@ -897,22 +905,28 @@ async fn nothing_charged_while_down(db: &TestDb, down_ids: &[Uuid]) {
     );
 }
 
-/// Once destination `ledger` is back: every row of `ledger_ids` is
+/// Once destination `back` (name, sink) is back: every row of `ids` is
 /// published, each on its first counted attempt, and `/readyz` says so.
-async fn ledger_recovered(db: &TestDb, port: u16, ledger_ids: &[Uuid]) {
-    all_published(db, ledger_ids, "destination ledger after its outage").await;
-    let charged = rows_where(db, ledger_ids, "attempt_count <> 1 OR last_error IS NOT NULL").await;
+async fn recovered(db: &TestDb, port: u16, back: (&str, &str), ids: &[Uuid]) {
+    let (name, sink) = back;
+    all_published(db, ids, &format!("destination {name} after its outage")).await;
+    let charged = rows_where(db, ids, "attempt_count <> 1 OR last_error IS NOT NULL").await;
     assert!(
         charged.is_empty(),
-        "{} rows of destination ledger were charged for its outage; first (id, attempts, last_error): {:?}",
+        "{} rows of destination {name} were charged for its outage; first (id, attempts, last_error): {:?}",
         charged.len(),
         charged.first()
     );
     assert_eq!(db.count("quarantined_at IS NOT NULL").await, 0);
-    eventually(WAIT, "/readyz lists destination ledger as ready again", || async {
-        matches!(get(port, "/readyz").await,
-            Some((200, body)) if readiness_of(&body, "ledger") == Some("destination ledger (rabbitmq): ready"))
-    })
+    let ready = format!("destination {name} ({sink}): ready");
+    eventually(
+        WAIT,
+        &format!("/readyz lists destination {name} as ready again"),
+        || async {
+            matches!(get(port, "/readyz").await,
+            Some((200, body)) if readiness_of(&body, name) == Some(ready.as_str()))
+        },
+    )
     .await;
 }
 
@@ -926,7 +940,7 @@ async fn a_destination_whose_queue_is_full_holds_back_only_its_rows() {
     let ledger = TestBroker::create_rejecting_beyond("#", ROOM as i64).await;
     ledger.fill(ROOM).await;
     let port = free_port();
-    let file = orders_and_ledger(port, &orders, &ledger, &ledger.url);
+    let file = orders_and_ledger(port, &orders, &sqs_endpoint(), &ledger, &ledger.url);
     let mut order_ids = Vec::new();
     let mut ledger_ids = Vec::new();
     for _ in 0..5 {
@@ -972,7 +986,7 @@ async fn a_destination_whose_queue_is_full_holds_back_only_its_rows() {
         received.len(),
         ledger_ids.len()
     );
-    ledger_recovered(&db, port, &ledger_ids).await;
+    recovered(&db, port, ("ledger", "rabbitmq"), &ledger_ids).await;
     assert!(
         relay.child.try_wait().expect("relay status").is_none(),
         "the relay exited"
@@ -990,7 +1004,7 @@ async fn a_destination_cut_off_mid_drain_holds_back_only_its_rows() {
     // The relay reaches this destination's broker only through the proxy.
     let (proxy, ledger_url) = Proxy::in_front_of(&ledger.url).await;
     let port = free_port();
-    let file = orders_and_ledger(port, &orders, &ledger, &ledger_url);
+    let file = orders_and_ledger(port, &orders, &sqs_endpoint(), &ledger, &ledger_url);
     let first_orders = db.insert_events(10, "order.created").await;
     let first_ledger = db.insert_events(10, "ledger.entry").await;
     let mut relay = start_relay(&db, &file, &[]);
@@ -1049,7 +1063,94 @@ async fn a_destination_cut_off_mid_drain_holds_back_only_its_rows() {
          {published_while_down} before it was back; {} messages for them",
         received.len()
     );
-    ledger_recovered(&db, port, &ledger_ids).await;
+    recovered(&db, port, ("ledger", "rabbitmq"), &ledger_ids).await;
+    assert!(
+        relay.child.try_wait().expect("relay status").is_none(),
+        "the relay exited"
+    );
+    orders.cleanup().await;
+    ledger.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destination_denying_every_request_holds_back_only_its_rows() {
+    /// The most `SendMessageBatch` requests a second the relay may send to
+    /// a destination that denies every one: its probes, spaced 250 ms
+    /// doubling to 5 s ("a few a second" at most, as the conformance kit
+    /// allows).
+    const MAX_REQUESTS_PER_SECOND: f64 = 5.0;
+    let db = TestDb::migrated().await;
+    let orders = TestQueue::create(false, None).await;
+    // The relay reaches this destination's queue only through the proxy,
+    // which denies every send as SQS does after a policy change; the
+    // health check's own request still passes.
+    let denier = SqsProxy::start().await;
+    denier.set(Fault::RequestError {
+        status: 400,
+        code: "AccessDenied",
+    });
+    let ledger = TestBroker::create("#").await;
+    let port = free_port();
+    let file = orders_and_ledger(port, &orders, &denier.url(), &ledger, &ledger.url);
+    let mut order_ids = Vec::new();
+    let mut ledger_ids = Vec::new();
+    for _ in 0..5 {
+        order_ids.extend(db.insert_events(60, "order.created").await);
+        ledger_ids.extend(db.insert_events(400, "ledger.entry").await);
+    }
+    let mut relay = start_relay(&db, &file, &[]);
+
+    let received = rabbit_receive_all(&ledger, &id_set(&ledger_ids)).await;
+    assert_eq!(
+        distinct(&received),
+        id_set(&ledger_ids),
+        "destination ledger drains while orders is denied"
+    );
+    all_published(&db, &ledger_ids, "destination ledger").await;
+    assert_eq!(
+        count_of(&db, &order_ids, "published_at IS NOT NULL").await,
+        0,
+        "nothing of orders is published while every request is denied"
+    );
+    let (requests_before, started) = (denier.requests(), Instant::now());
+    let updates = down_while_others_ready(&db, port, ("orders", "sqs"), ("ledger", "rabbitmq")).await;
+    let requests_per_second = (denier.requests() - requests_before) as f64 / started.elapsed().as_secs_f64();
+    eprintln!("denied destination: {requests_per_second:.1} SendMessageBatch requests/s");
+    assert!(
+        updates < MAX_ROW_UPDATES_IN_WINDOW,
+        "the relay updated {updates} outbox rows in {RATE_WINDOW:?} while only the denied destination had \
+         rows (fewer than {MAX_ROW_UPDATES_IN_WINDOW} expected)"
+    );
+    assert!(
+        requests_per_second <= MAX_REQUESTS_PER_SECOND,
+        "the relay sent {requests_per_second:.1} requests a second to a destination denying every one \
+         (at most {MAX_REQUESTS_PER_SECOND})"
+    );
+    let readiness = get(port, "/readyz").await;
+    assert!(
+        matches!(&readiness, Some((200, body))
+            if readiness_of(body, "orders").is_some_and(|line| line.contains("AccessDenied"))),
+        "/readyz names the denial as destination orders' reason: {readiness:?}"
+    );
+    nothing_charged_while_down(&db, &order_ids).await;
+    metrics_show(
+        port,
+        &[
+            ("outbox_destination_ready", "orders", 0.0),
+            ("outbox_destination_ready", "ledger", 1.0),
+            ("outbox_events_published_total", "ledger", ledger_ids.len() as f64),
+        ],
+    )
+    .await;
+
+    denier.set(Fault::None);
+    let got = sqs_ids(&orders, order_ids.len()).await;
+    assert_eq!(
+        distinct(&got),
+        id_set(&order_ids),
+        "destination orders gets every row once requests are allowed again"
+    );
+    recovered(&db, port, ("orders", "sqs"), &order_ids).await;
     assert!(
         relay.child.try_wait().expect("relay status").is_none(),
         "the relay exited"

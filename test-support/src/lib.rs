@@ -5,7 +5,9 @@
 //! (librdkafka's mock cluster, [`kafka`]), the relay
 //! binary as a child process ([`relay_process`]) and a configuration file
 //! of its own ([`config_file`]), a cuttable TCP proxy
-//! ([`proxy`]), a factory of outbox rows in a given state ([`rows`]),
+//! ([`proxy`]), an HTTP proxy that answers for SQS with the faults a test
+//! chooses ([`sqs_faults`]), a factory of outbox rows in a given state
+//! ([`rows`]),
 //! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
 //! and a PostgreSQL cluster ([`private_postgres`]) to disturb (alarms,
 //! restarts) or set up otherwise (TLS, `pg_hba.conf`), on what [`system`]
@@ -14,9 +16,10 @@
 //! of sleeping.
 //!
 //! The brokers' clients come with features, `amqp` (lapin), `sqs`
-//! (aws-sdk-sqs), `nats` (async-nats) and `kafka` (rdkafka, for the
-//! `kafka-mock` binary), all on by default: a crate whose tests need PostgreSQL
-//! only turns them off and pulls in none of them.
+//! (aws-sdk-sqs, and axum and reqwest for the fault proxy), `nats`
+//! (async-nats) and `kafka` (rdkafka, for the `kafka-mock` binary), all on
+//! by default: a crate whose tests need PostgreSQL only turns them off and
+//! pulls in none of them.
 //!
 //! Only the package that builds the relay knows where its binary is (cargo
 //! sets `CARGO_BIN_EXE_outbox-relay` for that package's own tests and
@@ -41,6 +44,8 @@ pub mod rows;
 pub mod servers;
 #[cfg(feature = "sqs")]
 pub mod sqs;
+#[cfg(feature = "sqs")]
+pub mod sqs_faults;
 pub mod system;
 
 use std::future::Future;
