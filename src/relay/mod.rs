@@ -6,6 +6,12 @@
 //! set-based statement per kind (published, retry, quarantine) per batch;
 //! with unordered claims the published rows go with the worker's next
 //! claim, in the same statement.
+//!
+//! A relay publishes to one or more destinations (see `destination.rs`),
+//! each event to the one its route names. A batch is split by route and
+//! every destination's part published at once; a destination that is not
+//! ready or whose broker defers batches is left out of the claims (the
+//! store's route filter), so its outage holds back only its own rows.
 
 mod catch_up;
 mod decide;

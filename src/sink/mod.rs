@@ -96,7 +96,7 @@ pub enum Outcome {
     /// throttling, a server error, no confirmation before the deadline).
     /// Published again later without costing the row an attempt; a batch
     /// deferred more than published makes the relay probe with backoff and report not
-    /// ready (see `relay::RelayHealth`).
+    /// ready (see `relay::DestinationHealth`).
     Deferred(String),
 }
 
