@@ -20,7 +20,7 @@ use crate::http::HttpState;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
-use crate::relay::{Destination, Relay};
+use crate::relay::{is_environment_only, Destination, Relay};
 use crate::sink::Sink;
 use crate::store::{describe_pg, Store};
 
@@ -92,6 +92,12 @@ async fn serve_with_sinks(
         http = %config.http_addr,
         "starting"
     );
+    let labelled = !is_environment_only(
+        config
+            .destinations
+            .iter()
+            .map(|destination| destination.name.as_str()),
+    );
     let destinations = config
         .destinations
         .iter()
@@ -100,7 +106,7 @@ async fn serve_with_sinks(
             Destination::new(
                 destination.name.clone(),
                 sink,
-                metrics.destination(&destination.name),
+                metrics.destination(labelled.then_some(destination.name.as_str())),
                 config.relay.publish_timeout,
             )
         })

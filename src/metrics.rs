@@ -1,11 +1,11 @@
 //! The Prometheus metrics whose names operators' dashboards and alerts rely on. Labels are never per event: the
-//! table's gauges are one series per replica, the publishing metrics one per destination, whose names come from
-//! the configuration file (`default` without one), never from rows.
+//! table's gauges are one series per replica, the publishing metrics one per destination, labelled with the
+//! destination's name from the configuration file, never from rows; without destinations in a file they have
+//! no label, as before destinations existed.
 
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,12 +20,15 @@ const LAG_BUCKETS: [f64; 20] = [
     3600.0, 7200.0, 21600.0,
 ];
 
-/// The `destination` label of the publishing metrics.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DestinationLabel {
-    /// The destination's name; empty for rows quarantined before a
-    /// destination was chosen (no route, a row that cannot be read).
-    pub destination: String,
+/// The labels of the publishing metrics: `destination`, the
+/// destination's name from the configuration file (empty for rows
+/// quarantined before a destination was chosen: no route, a row that
+/// cannot be read), or none for a relay configured by the environment.
+pub type DestinationLabel = Vec<(&'static str, String)>;
+
+fn destination_label(name: Option<&str>) -> DestinationLabel {
+    name.map(|name| vec![("destination", name.to_owned())])
+        .unwrap_or_default()
 }
 
 /// A histogram family whose members all have the lag buckets.
@@ -179,11 +182,11 @@ impl Metrics {
     }
 
     /// The publishing metrics of one destination, created at zero so that
-    /// every destination has its series from the start.
-    pub fn destination(&self, name: &str) -> DestinationMetrics {
-        let label = DestinationLabel {
-            destination: name.to_owned(),
-        };
+    /// every destination has its series from the start: labelled with
+    /// `name`, or without a label (`None`) for the one destination of a
+    /// relay configured by the environment.
+    pub fn destination(&self, name: Option<&str>) -> DestinationMetrics {
+        let label = destination_label(name);
         DestinationMetrics {
             published: self.published_total.get_or_create(&label).clone(),
             failures: self.publish_failures_total.get_or_create(&label).clone(),
@@ -193,11 +196,11 @@ impl Metrics {
         }
     }
 
-    /// The counters of rows quarantined before a destination was chosen.
-    pub fn unrouted(&self) -> (Counter, Counter) {
-        let label = DestinationLabel {
-            destination: String::new(),
-        };
+    /// The counters of rows quarantined before a destination was chosen:
+    /// `destination=""` when destinations are labelled, else the one
+    /// unlabelled series.
+    pub fn unrouted(&self, labelled: bool) -> (Counter, Counter) {
+        let label = destination_label(labelled.then_some(""));
         (
             self.publish_failures_total.get_or_create(&label).clone(),
             self.quarantined_total.get_or_create(&label).clone(),
@@ -220,7 +223,7 @@ mod tests {
     #[test]
     fn exposes_the_spec_names() {
         let metrics = Metrics::new();
-        let orders = metrics.destination("orders");
+        let orders = metrics.destination(Some("orders"));
         orders.published.inc();
         orders.lag.observe(0.02);
         orders.ready.set(1);
@@ -242,6 +245,17 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_relay_configured_by_the_environment_has_no_destination_label() {
+        let metrics = Metrics::new();
+        metrics.destination(None).published.inc();
+        metrics.unrouted(false).1.inc();
+        let text = metrics.render();
+        assert!(text.contains("outbox_events_published_total 1\n"), "{text}");
+        assert!(text.contains("outbox_events_quarantined_total 1\n"), "{text}");
+        assert!(!text.contains("destination="), "{text}");
     }
 
     #[test]

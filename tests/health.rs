@@ -127,7 +127,7 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
     let destination = Destination::new(
         "default".to_owned(),
         Arc::new(PanickingSink),
-        metrics.destination("default"),
+        metrics.destination(None),
         Duration::from_secs(1),
     );
     let state = HttpState {

@@ -310,6 +310,14 @@ fn destination(
                     "must be 1 to 64 lower-case letters, digits, '_' or '-' (it is a metrics label)",
                 ));
             }
+            if entry.value == DEFAULT_DESTINATION {
+                return Err(file.error(
+                    entry.line,
+                    &Scope::DestinationNumber(number),
+                    "name",
+                    format!("\"{DEFAULT_DESTINATION}\" names the environment's destination; choose another"),
+                ));
+            }
             entry.value.clone()
         }
         None => {

@@ -90,8 +90,14 @@ const SINK_GRACE: Duration = Duration::from_secs(2);
 const CHECK_POLL: Duration = Duration::from_millis(100);
 
 /// The name of the one destination of a relay configured by the
-/// environment.
+/// environment; a file's destination may not take it.
 pub const DEFAULT_DESTINATION: &str = "default";
+
+/// Whether these destination names are the environment's one destination:
+/// a relay that answers (metrics, `/readyz`, `check`) as before routes.
+pub fn is_environment_only<'a>(mut names: impl Iterator<Item = &'a str>) -> bool {
+    matches!((names.next(), names.next()), (Some(DEFAULT_DESTINATION), None))
+}
 
 /// The relay: a store, its destinations, the routes between them and the
 /// loop that moves rows along.
@@ -133,7 +139,7 @@ impl Relay {
         let destination = Destination::new(
             DEFAULT_DESTINATION.to_owned(),
             sink,
-            metrics.destination(DEFAULT_DESTINATION),
+            metrics.destination(None),
             config.publish_timeout,
         );
         Self::routed(
@@ -153,6 +159,8 @@ impl Relay {
         config: RelayConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        // Only destinations from a file are named in the metrics.
+        let labelled = !is_environment_only(destinations.iter().map(|destination| destination.name.as_str()));
         let checked = Arc::new(Notify::new());
         for destination in &mut destinations {
             destination.notify_checks(checked.clone());
@@ -180,7 +188,7 @@ impl Relay {
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
-            unrouted: metrics.unrouted(),
+            unrouted: metrics.unrouted(labelled),
             checked,
         }
     }
