@@ -13,22 +13,22 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use tokio::task::{Id, JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, Instrument, Span};
 
-use crate::config::Config;
-use crate::http::HttpState;
+use crate::config::{Config, SourceConfig};
+use crate::http::{HttpState, SourceState};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::outage::{sleep_or_cancel, Availability, Outage};
-use crate::relay::{is_environment_only, Destination, Relay};
+use crate::relay::{is_environment_only, Destination, Destinations, Relay, RelayHealth};
 use crate::sink::Sink;
-use crate::store::{describe_pg, Store};
+use crate::store::{describe_pg, Severity, Store};
 
-/// Connections a replica needs: per worker one for its claim or its
-/// outcomes (a batch with failures records up to three statements at once,
-/// borrowing what idle workers leave), plus readiness probes and the
-/// maintenance tasks.
-fn pool_size(workers: u32) -> usize {
+/// Connections a source's pool may open: per worker one for its claim or
+/// its outcomes (a batch with failures records up to three statements at
+/// once, borrowing what idle workers leave), plus readiness probes and the
+/// maintenance tasks. LISTEN has a connection of its own besides.
+pub fn pool_size(workers: u32) -> usize {
     workers as usize * 2 + 3
 }
 
@@ -39,9 +39,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     serve(config, shutdown).await
 }
 
-/// Runs the relay, retention and the HTTP endpoints until `shutdown` is
-/// cancelled, then waits for the batches in flight to settle. Fails when
-/// one of them stops on its own before that.
+/// Runs the relay of every source, their maintenance and the HTTP
+/// endpoints until `shutdown` is cancelled, then waits for the batches in
+/// flight to settle. Fails when one of them stops on its own before that.
 pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::with_capacity(config.destinations.len());
     for destination in &config.destinations {
@@ -54,14 +54,16 @@ pub async fn serve(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 }
 
 /// [`serve`] with one sink built by the caller instead of from the
-/// configuration, every event to it.
+/// configuration, every event of every source to it.
 pub async fn serve_with_sink(
     mut config: Config,
     sink: Arc<dyn Sink>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     config.destinations.truncate(1);
-    config.router = crate::route::Router::everything_to_one();
+    for source in &mut config.sources {
+        source.router = crate::route::Router::everything_to_one();
+    }
     serve_with_sinks(config, vec![sink], shutdown).await
 }
 
@@ -76,61 +78,68 @@ async fn serve_with_sinks(
         .await
         .with_context(|| format!("cannot listen on OUTBOX_HTTP_ADDR {}", config.http_addr))?;
     let metrics = Arc::new(Metrics::new());
-    let mut store = Store::new(&config.database, pool_size(config.relay.workers));
-    // One destination takes every row: its claims need no route filter.
-    if sinks.len() > 1 {
-        store = store.with_routes(config.router.routes().len());
-    }
-    let store = Arc::new(store);
-    let kinds: Vec<&str> = sinks.iter().map(|sink| sink.kind()).collect();
-    info!(
-        database = %describe_pg(&config.database.pg),
-        table = %config.database.table,
-        sslmode = config.database.tls.mode().name(),
-        pooler = ?config.database.pooler,
-        sink = %kinds.join(", "),
-        http = %config.http_addr,
-        "starting"
-    );
     let labelled = !is_environment_only(
         config
             .destinations
             .iter()
             .map(|destination| destination.name.as_str()),
     );
-    let destinations = config
-        .destinations
-        .iter()
-        .zip(sinks)
-        .map(|(destination, sink)| {
-            Destination::new(
-                destination.name.clone(),
-                sink,
-                metrics.destination(labelled.then_some(destination.name.as_str())),
-                config.relay.publish_timeout,
-            )
-        })
-        .collect();
-    let relay = Relay::routed(
-        store.clone(),
-        destinations,
-        config.router.clone(),
-        config.relay.clone(),
-        metrics.clone(),
+    // One of each destination for every source: a broker's state is the
+    // same whichever database a row comes from.
+    let destinations = Destinations::new(
+        config
+            .destinations
+            .iter()
+            .zip(sinks)
+            .map(|(destination, sink)| {
+                Destination::new(
+                    destination.name.clone(),
+                    sink,
+                    metrics.destination_ready(labelled.then_some(destination.name.as_str())),
+                    config.publish_timeout,
+                )
+            })
+            .collect(),
     );
-    let liveness = relay.liveness();
+    let kinds: Vec<&str> = destinations
+        .iter()
+        .map(|destination| destination.sink.kind())
+        .collect();
+    info!(
+        sources = config.sources.len(),
+        sink = %kinds.join(", "),
+        http = %config.http_addr,
+        "starting"
+    );
     let mut tasks = Tasks::new(shutdown.clone());
+    let mut sources = Vec::with_capacity(config.sources.len());
+    for source in config.sources {
+        // A file's sources are named on every line their tasks log.
+        let span = if config.named_sources {
+            tracing::info_span!("source", source = %source.name)
+        } else {
+            Span::none()
+        };
+        let name = config.named_sources.then(|| source.name.clone());
+        sources.push(spawn_source(
+            &mut tasks,
+            source,
+            name,
+            &metrics,
+            destinations.clone(),
+            &shutdown,
+            span,
+        ));
+    }
     // The endpoints stop last, once everything else has: probes and a
     // final scrape are answered while the batches in flight settle.
     let http_stop = CancellationToken::new();
     let http_state = HttpState {
         metrics: metrics.clone(),
-        store: store.clone(),
-        destinations: relay.destinations(),
-        liveness: liveness.clone(),
-        health: relay.health(),
+        sources: sources.into(),
+        destinations,
     };
-    let http = tasks.spawn("http", Ends::OnShutdown, {
+    let http = tasks.spawn("http".to_owned(), Ends::OnShutdown, {
         let http_stop = http_stop.clone();
         async move {
             crate::http::serve(listener, http_state, http_stop)
@@ -138,10 +147,61 @@ async fn serve_with_sinks(
                 .context("HTTP server failed")
         }
     });
-    tasks.spawn("gauges", Ends::OnShutdown, {
+    tasks.wait(http, http_stop).await
+}
+
+/// Starts one source's relay, LISTEN, gauges and retention, each in
+/// `span`; returns what the endpoints read of it. `name` is the source's
+/// name when the file names its sources.
+fn spawn_source(
+    tasks: &mut Tasks,
+    source: SourceConfig,
+    name: Option<String>,
+    metrics: &Metrics,
+    destinations: Destinations,
+    shutdown: &CancellationToken,
+    span: Span,
+) -> SourceState {
+    let source_metrics = metrics.source(name.as_deref());
+    let mut store = Store::new(&source.database, pool_size(source.relay.workers));
+    // One destination takes every row: its claims need no route filter.
+    if destinations.len() > 1 {
+        store = store.with_routes(source.router.routes().len());
+    }
+    let store = Arc::new(store);
+    span.in_scope(|| {
+        info!(
+            database = %describe_pg(&source.database.pg),
+            table = %source.database.table,
+            sslmode = source.database.tls.mode().name(),
+            pooler = ?source.database.pooler,
+            connections = pool_size(source.relay.workers) + usize::from(source.listen.is_some()),
+            "source configured"
+        )
+    });
+    let relay = Relay::routed(
+        store.clone(),
+        destinations,
+        source.router.clone(),
+        source.relay.clone(),
+        source_metrics.clone(),
+    );
+    let state = SourceState {
+        name: name.clone(),
+        store: store.clone(),
+        liveness: relay.liveness(),
+        health: relay.health(),
+        metrics: source_metrics.clone(),
+    };
+    // Task names carry the source's, so a failure says whose it was.
+    let task_name = |task: &str| match &name {
+        Some(name) => format!("{task} of source {name}"),
+        None => task.to_owned(),
+    };
+    tasks.spawn(task_name("gauges"), Ends::OnShutdown, {
         let task = crate::maintenance::gauges::run(
             store.clone(),
-            metrics.clone(),
+            source_metrics.clone(),
             crate::maintenance::gauges::REFRESH_INTERVAL,
             shutdown.clone(),
         );
@@ -149,17 +209,18 @@ async fn serve_with_sinks(
             task.await;
             Ok(())
         }
+        .instrument(span.clone())
     });
     // Disabled retention returns at once, which is not a failure.
-    let retention_ends = match config.retention {
+    let retention_ends = match source.retention {
         Some(_) => Ends::OnShutdown,
         None => Ends::WhenDone,
     };
-    tasks.spawn("retention", retention_ends, {
+    tasks.spawn(task_name("retention"), retention_ends, {
         let task = crate::maintenance::retention::run(
             store.clone(),
-            config.retention,
-            metrics.clone(),
+            source.retention,
+            source_metrics.clone(),
             relay.catch_up(),
             shutdown.clone(),
         );
@@ -167,13 +228,14 @@ async fn serve_with_sinks(
             task.await;
             Ok(())
         }
+        .instrument(span.clone())
     });
-    match config.listen.clone() {
+    match source.listen.clone() {
         Some(endpoint) => {
-            tasks.spawn("listen", Ends::OnShutdown, {
+            tasks.spawn(task_name("listen"), Ends::OnShutdown, {
                 let task = crate::store::listen(
                     endpoint,
-                    config.database.table.clone(),
+                    source.database.table.clone(),
                     relay.waker(),
                     shutdown.clone(),
                 );
@@ -181,49 +243,86 @@ async fn serve_with_sinks(
                     task.await;
                     Ok(())
                 }
+                .instrument(span.clone())
             });
         }
-        None => info!(
-            report = "polling_without_listen",
-            poll_interval_ms = config.relay.poll_interval.as_millis() as u64,
-            "no LISTEN behind a transaction pooler without OUTBOX_LISTEN_DATABASE_URL: \
-             new rows are found by polling every OUTBOX_POLL_INTERVAL"
-        ),
+        None => span.in_scope(|| {
+            info!(
+                report = "polling_without_listen",
+                poll_interval_ms = source.relay.poll_interval.as_millis() as u64,
+                "no LISTEN behind a transaction pooler without OUTBOX_LISTEN_DATABASE_URL: \
+                 new rows are found by polling every OUTBOX_POLL_INTERVAL"
+            )
+        }),
     }
-    tasks.spawn("relay", Ends::OnShutdown, {
+    let tolerate_unusable_table = name.is_some();
+    tasks.spawn(task_name("relay"), Ends::OnShutdown, {
         let shutdown = shutdown.clone();
+        let liveness = relay.liveness();
+        let health = relay.health();
         async move {
-            check_table(&store, &liveness, &shutdown).await?;
-            relay.run(shutdown).await;
+            let ready = check_table(&store, &liveness, &health, tolerate_unusable_table, &shutdown).await?;
+            if ready {
+                relay.run(shutdown).await;
+            }
             Ok(())
         }
+        .instrument(span)
     });
-    tasks.wait(http, http_stop).await
+    state
 }
 
 /// Checks the table before the first claim, waiting for the database if it
-/// is not there yet. A table no row can be relayed from is an error (the
-/// relay would fail on, or quarantine, every row); what the claim copes
-/// with is reported and tolerated (see `store/columns.rs`).
-async fn check_table(store: &Store, liveness: &Liveness, shutdown: &CancellationToken) -> anyhow::Result<()> {
+/// is not there yet; `false` when shutdown came first. What the claim copes
+/// with is reported and tolerated (see `store/columns.rs`). A table no row
+/// can be relayed from is an error for the one source of the environment
+/// (the relay would fail on, or quarantine, every row: better to stop and
+/// say so), but one of several sources must not stop the others: it waits,
+/// not ready, until its table is fixed (`outbox-relay migrate`).
+async fn check_table(
+    store: &Store,
+    liveness: &Liveness,
+    health: &RelayHealth,
+    tolerate_unusable_table: bool,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<bool> {
     let outage = Mutex::new(Outage::new("database"));
+    let table_outage = Mutex::new(Outage::new(format!("table {}", store.table())));
     let mut database = Availability::new(&outage);
-    let findings = loop {
+    let mut table = Availability::new(&table_outage);
+    loop {
         // Waiting for the database is the loop's progress at this stage.
         liveness.beat_all();
         match store.check_table().await {
             Ok(findings) => {
                 database.succeeded();
-                break findings;
+                let unusable: Vec<&str> = findings
+                    .iter()
+                    .filter(|finding| finding.severity == Severity::Unusable)
+                    .map(|finding| finding.message.as_str())
+                    .collect();
+                if unusable.is_empty() || !tolerate_unusable_table {
+                    table.succeeded();
+                    crate::store::report_table_check(&findings)?;
+                    return Ok(true);
+                }
+                let problem = format!(
+                    "table {} cannot be relayed from: {}",
+                    store.table(),
+                    unusable.join("; ")
+                );
+                health.claim_failed(&problem);
+                sleep_or_cancel(table.failed(&problem), shutdown).await;
             }
-            Err(e) => sleep_or_cancel(database.failed(&e), shutdown).await,
+            Err(e) => {
+                health.claim_failed(&e);
+                sleep_or_cancel(database.failed(&e), shutdown).await;
+            }
         }
         if shutdown.is_cancelled() {
-            return Ok(());
+            return Ok(false);
         }
-    };
-    crate::store::report_table_check(&findings)?;
-    Ok(())
+    }
 }
 
 /// When a task's end is expected.
@@ -239,7 +338,7 @@ enum Ends {
 /// before its time cancels the shutdown token for the others.
 struct Tasks {
     set: JoinSet<anyhow::Result<()>>,
-    names: HashMap<Id, (&'static str, Ends)>,
+    names: HashMap<Id, (String, Ends)>,
     shutdown: CancellationToken,
 }
 
@@ -254,7 +353,7 @@ impl Tasks {
 
     fn spawn(
         &mut self,
-        name: &'static str,
+        name: String,
         ends: Ends,
         task: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
     ) -> Id {
@@ -272,7 +371,10 @@ impl Tasks {
                 Ok((id, result)) => (id, result),
                 Err(e) => (e.id(), Err(anyhow::anyhow!(panic_message(e)))),
             };
-            let (name, ends) = self.names.remove(&id).unwrap_or(("unknown", Ends::OnShutdown));
+            let (name, ends) = self
+                .names
+                .remove(&id)
+                .unwrap_or_else(|| ("unknown".to_owned(), Ends::OnShutdown));
             let problem = match result {
                 Err(e) => Some(format!("{e:#}")),
                 Ok(()) if ends == Ends::OnShutdown && !self.shutdown.is_cancelled() => {
@@ -281,7 +383,7 @@ impl Tasks {
                 Ok(()) => None,
             };
             if let Some(problem) = problem {
-                error!(report = "task_stopped", task = name, %problem, "a task of the relay stopped; shutting down");
+                error!(report = "task_stopped", task = %name, %problem, "a task of the relay stopped; shutting down");
                 failure.get_or_insert_with(|| anyhow::anyhow!("the {name} task stopped: {problem}"));
                 self.shutdown.cancel();
             }

@@ -26,9 +26,9 @@ use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 use crate::liveness::Liveness;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SourceMetrics};
 use crate::outage::{sleep_or_cancel, Availability, Outage};
-use crate::relay::{Destination, RelayHealth, DEFAULT_DESTINATION};
+use crate::relay::{Destination, Destinations, RelayHealth, DEFAULT_DESTINATION, DEFAULT_SOURCE};
 use crate::settings::{var, ConfigError};
 use crate::store::Store;
 
@@ -76,14 +76,26 @@ impl HttpSettings {
 pub struct HttpState {
     /// Metrics to render.
     pub metrics: Arc<Metrics>,
-    /// Database, for readiness.
-    pub store: Arc<Store>,
+    /// The sources, for readiness and liveness.
+    pub sources: Arc<[SourceState]>,
     /// The destinations, for readiness.
-    pub destinations: Arc<[Destination]>,
-    /// The relay workers' heartbeat, for liveness.
+    pub destinations: Destinations,
+}
+
+/// What the endpoints read of one source.
+pub struct SourceState {
+    /// Its name when the configuration file names it; `None` for the one
+    /// source of the environment, which `/readyz` and `/healthz` report as
+    /// they always have.
+    pub name: Option<String>,
+    /// Its database, for readiness.
+    pub store: Arc<Store>,
+    /// Its relay workers' heartbeat, for liveness.
     pub liveness: Arc<Liveness>,
-    /// What the relay's own claims and batches say, for readiness.
+    /// What its relay's own claims say, for readiness.
     pub health: Arc<RelayHealth>,
+    /// Its metrics (the heartbeat is copied there on each scrape).
+    pub metrics: SourceMetrics,
 }
 
 /// The endpoints' routes.
@@ -170,20 +182,36 @@ async fn serve_connection(
     }
 }
 
+/// `/healthz`: 503 once a relay worker of any source has made no progress
+/// for longer than its loop can legitimately take.
 async fn healthz(State(state): State<HttpState>) -> impl IntoResponse {
-    match state.liveness.check() {
-        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-        Err(stall) => (StatusCode::SERVICE_UNAVAILABLE, format!("{stall}\n")),
+    let stalls: Vec<String> = state
+        .sources
+        .iter()
+        .filter_map(|source| {
+            let stall = source.liveness.check().err()?;
+            Some(match &source.name {
+                Some(name) => format!("source {name}: {stall}"),
+                None => stall.to_string(),
+            })
+        })
+        .collect();
+    if stalls.is_empty() {
+        (StatusCode::OK, "ok\n".to_owned())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, stalls.join("\n") + "\n")
     }
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
-    let last_progress = state
-        .liveness
-        .last_progress()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    state.metrics.last_progress.set(last_progress.as_secs_f64());
+    for source in state.sources.iter() {
+        let last_progress = source
+            .liveness
+            .last_progress()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        source.metrics.last_progress.set(last_progress.as_secs_f64());
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -193,34 +221,51 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     )
 }
 
-/// `/readyz`: 200 while the database works and at least one destination
-/// takes messages, 503 otherwise; the body says what is wrong. One
-/// destination down among several does not take the replica out of
-/// rotation: its rows wait while the others flow, and its own alert
-/// (`outbox_destination_ready`) says so.
+/// `/readyz`: 200 while at least one source's database works and at
+/// least one destination takes messages, 503 otherwise; the body says what
+/// is wrong, a line per source and destination when the file names them.
+/// One destination or one source down among several does not take the
+/// replica out of rotation: its rows wait while the others flow, and its
+/// own alert (`outbox_destination_ready`, `outbox_source_ready`) says so.
+/// A relay configured by the environment (one source) answers as it
+/// always has.
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     // Every dependency at once: the probe's time is the slowest one's.
-    let database = tokio::time::timeout(PROBE_TIMEOUT, state.store.ping());
+    let databases = futures::future::join_all(
+        state
+            .sources
+            .iter()
+            .map(|source| tokio::time::timeout(PROBE_TIMEOUT, source.store.ping())),
+    );
     let sinks = futures::future::join_all(
         state
             .destinations
             .iter()
             .map(|destination| tokio::time::timeout(PROBE_TIMEOUT, destination.sink.ready())),
     );
-    let (database, sinks) = tokio::join!(database, sinks);
-    let mut problems = Vec::new();
-    match database {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => problems.push(format!("database: {e}")),
-        Err(_) => problems.push(format!("database: no answer within {PROBE_TIMEOUT:?}")),
-    }
-    // A database that answers SELECT 1 while every claim fails is not ready.
-    problems.extend(state.health.problem());
-    // A broker that answers its probe while deferring every batch is not
-    // ready either.
+    let (databases, sinks) = tokio::join!(databases, sinks);
+    // Each source's problems: its database's answer, and whether its
+    // claims fail (a database that answers SELECT 1 while every claim
+    // fails is not ready).
+    let sources: Vec<(&SourceState, Vec<String>)> = state
+        .sources
+        .iter()
+        .zip(databases)
+        .map(|(source, ping)| {
+            let mut problems = Vec::new();
+            match ping {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => problems.push(format!("database: {e}")),
+                Err(_) => problems.push(format!("database: no answer within {PROBE_TIMEOUT:?}")),
+            }
+            problems.extend(source.health.problem());
+            (source, problems)
+        })
+        .collect();
     // Each destination's problems: its sink's check, and whether its
-    // broker defers batches (both, when both hold).
-    let states: Vec<(&Destination, Vec<String>)> = state
+    // broker defers batches (both, when both hold). A broker that answers
+    // its probe while deferring every batch is not ready either.
+    let destinations: Vec<(&Destination, Vec<String>)> = state
         .destinations
         .iter()
         .zip(sinks)
@@ -243,40 +288,60 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
             (destination, problems)
         })
         .collect();
-    let any_ready = states.iter().any(|(_, problems)| problems.is_empty());
-    // A relay configured by the environment answers as it always has.
-    if let [(only, own)] = states.as_slice() {
-        if only.name == DEFAULT_DESTINATION {
-            problems.extend(own.iter().cloned());
-            return if problems.is_empty() {
-                (StatusCode::OK, "ready\n".to_owned())
-            } else {
-                (StatusCode::SERVICE_UNAVAILABLE, problems.join("\n") + "\n")
-            };
-        }
-    }
-    let lines = states.iter().map(|(destination, own)| {
-        if own.is_empty() {
-            format!(
-                "destination {} ({}): ready",
-                destination.name,
-                destination.sink.kind()
-            )
-        } else {
-            format!(
-                "destination {} ({}): not ready: {}",
-                destination.name,
-                destination.sink.kind(),
-                own.join("; ")
-            )
-        }
+    let destination_lines = destinations.iter().map(|(destination, own)| {
+        line(
+            &format!("destination {} ({})", destination.name, destination.sink.kind()),
+            own,
+        )
     });
-    if problems.is_empty() && any_ready {
+    let any_destination_ready = destinations.iter().any(|(_, problems)| problems.is_empty());
+    let (lines, ready): (Vec<String>, bool) = match sources.as_slice() {
+        [(only, own)] if only.name.is_none() => {
+            let mut problems = own.clone();
+            match destinations.as_slice() {
+                // The environment's sink too: the answer of the first
+                // releases, the problems one per line.
+                [(destination, own)] if destination.name == DEFAULT_DESTINATION => {
+                    problems.extend(own.iter().cloned());
+                    let ready = problems.is_empty();
+                    (problems, ready)
+                }
+                _ => {
+                    let ready = problems.is_empty() && any_destination_ready;
+                    problems.extend(destination_lines);
+                    (problems, ready)
+                }
+            }
+        }
+        _ => {
+            let any_source_ready = sources.iter().any(|(_, problems)| problems.is_empty());
+            let lines = sources
+                .iter()
+                .map(|(source, own)| {
+                    line(
+                        &format!("source {}", source.name.as_deref().unwrap_or(DEFAULT_SOURCE)),
+                        own,
+                    )
+                })
+                .chain(destination_lines)
+                .collect();
+            (lines, any_source_ready && any_destination_ready)
+        }
+    };
+    if ready {
         let body: Vec<String> = std::iter::once("ready".to_owned()).chain(lines).collect();
         (StatusCode::OK, body.join("\n") + "\n")
     } else {
-        problems.extend(lines);
-        (StatusCode::SERVICE_UNAVAILABLE, problems.join("\n") + "\n")
+        (StatusCode::SERVICE_UNAVAILABLE, lines.join("\n") + "\n")
+    }
+}
+
+/// One line of `/readyz`: `what: ready`, or `what: not ready: problems`.
+fn line(what: &str, problems: &[String]) -> String {
+    if problems.is_empty() {
+        format!("{what}: ready")
+    } else {
+        format!("{what}: not ready: {}", problems.join("; "))
     }
 }
 

@@ -17,9 +17,11 @@
 //! - [`config`] — the validated [`config::Config`] of `run`, assembled from what each part
 //!   validated; it imports the parts and no part imports it, so imports flow one way, as data does.
 //!   [`config::file`] reads the configuration file (`OUTBOX_CONFIG`) into the same settings, and
-//!   the destinations and routes only the file can hold.
+//!   the destinations, routes and sources only the file can hold: a [`config::SourceConfig`] per
+//!   database the relay serves (`[[source]]`), or the environment's one.
 //! - [`route`] — which destination an event goes to: globs on `event_type`, first match wins.
-//! - [`app`] — wiring of `outbox-relay run`: loop, LISTEN, maintenance, HTTP, shutdown.
+//! - [`app`] — wiring of `outbox-relay run`: per source its own pool, loop, LISTEN and
+//!   maintenance, the destinations they share, HTTP, shutdown.
 //! - [`event`] — [`event::Event`], one outbox row as the relay reads it; [`headers`], the
 //!   producer's optional headers column and the W3C trace context in it.
 //! - [`cloudevents`] — the message format: plain, or CloudEvents (binary mode on RabbitMQ and

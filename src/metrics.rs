@@ -1,7 +1,8 @@
-//! The Prometheus metrics whose names operators' dashboards and alerts rely on. Labels are never per event: the
-//! table's gauges are one series per replica, the publishing metrics one per destination, labelled with the
-//! destination's name from the configuration file, never from rows; without destinations in a file they have
-//! no label, as before destinations existed.
+//! The Prometheus metrics whose names operators' dashboards and alerts rely on. Labels are never per event:
+//! the table's gauges are one series per source and replica, the publishing metrics one per source and
+//! destination. Both labels take their values from the configuration file only: `source` is a
+//! `[[source]]`'s name, `destination` a `[[destination]]`'s. A relay configured by the environment (or a
+//! file without those tables) has no such label, as before sources and destinations existed.
 
 use std::sync::atomic::AtomicU64;
 
@@ -20,25 +21,46 @@ const LAG_BUCKETS: [f64; 20] = [
     3600.0, 7200.0, 21600.0,
 ];
 
-/// The labels of the publishing metrics: `destination`, the
-/// destination's name from the configuration file (empty for rows
-/// quarantined before a destination was chosen: no route, a row that
-/// cannot be read), or none for a relay configured by the environment.
-pub type DestinationLabel = Vec<(&'static str, String)>;
+/// The labels of a series: `source` and `destination`, each present only
+/// when the configuration file names sources or destinations. The value of
+/// `destination` is empty for rows quarantined before a destination was
+/// chosen (no route, a row that cannot be read).
+pub type Labels = Vec<(&'static str, String)>;
 
-fn destination_label(name: Option<&str>) -> DestinationLabel {
-    name.map(|name| vec![("destination", name.to_owned())])
-        .unwrap_or_default()
+fn with_label(mut labels: Labels, key: &'static str, value: Option<&str>) -> Labels {
+    if let Some(value) = value {
+        labels.push((key, value.to_owned()));
+    }
+    labels
 }
 
 /// A histogram family whose members all have the lag buckets.
-type LagFamily = Family<DestinationLabel, Histogram, fn() -> Histogram>;
+type LagFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 fn lag_histogram() -> Histogram {
     Histogram::new(LAG_BUCKETS)
 }
 
-/// One destination's publishing metrics, the handles into the families.
+/// Every family, registered once; handles share their series.
+#[derive(Clone)]
+struct Families {
+    unpublished: Family<Labels, Gauge>,
+    oldest_unpublished_age: Family<Labels, Gauge<f64, AtomicU64>>,
+    quarantined: Family<Labels, Gauge>,
+    stuck_aggregates: Family<Labels, Gauge>,
+    gauges_refreshed: Family<Labels, Gauge<f64, AtomicU64>>,
+    published_total: Family<Labels, Counter>,
+    publish_failures_total: Family<Labels, Counter>,
+    quarantined_total: Family<Labels, Counter>,
+    publish_lag: LagFamily,
+    destination_ready: Family<Labels, Gauge>,
+    source_ready: Family<Labels, Gauge>,
+    retention_deleted_total: Family<Labels, Counter>,
+    last_progress: Family<Labels, Gauge<f64, AtomicU64>>,
+}
+
+/// One destination's publishing metrics for one source, handles into the
+/// families.
 #[derive(Debug, Clone)]
 pub struct DestinationMetrics {
     /// Confirmed publishes.
@@ -49,13 +71,15 @@ pub struct DestinationMetrics {
     pub quarantined: Counter,
     /// `created_at` to confirmed publish.
     pub lag: Histogram,
-    /// 1 while the destination is ready, 0 while not.
-    pub ready: Gauge,
 }
 
-/// Every metric the relay exposes, registered once.
-pub struct Metrics {
-    registry: Registry,
+/// One source's metrics: its table's gauges, its retention and its
+/// workers' progress, and the publishing metrics of its rows per
+/// destination ([`SourceMetrics::destination`]).
+#[derive(Clone)]
+pub struct SourceMetrics {
+    labels: Labels,
+    families: Families,
     /// Rows not yet published and not quarantined.
     pub unpublished: Gauge,
     /// Age of the oldest such row, 0 when none.
@@ -66,21 +90,59 @@ pub struct Metrics {
     pub stuck_aggregates: Gauge,
     /// Unix time (database clock) at which the counts shown were computed.
     pub gauges_refreshed: Gauge<f64, AtomicU64>,
-    /// Confirmed publishes, per destination.
-    pub published_total: Family<DestinationLabel, Counter>,
-    /// Failed attempts, per destination.
-    pub publish_failures_total: Family<DestinationLabel, Counter>,
-    /// Rows this replica quarantined, per destination.
-    pub quarantined_total: Family<DestinationLabel, Counter>,
-    /// `created_at` to confirmed publish, per destination.
-    pub publish_lag: LagFamily,
-    /// Whether each destination is ready.
-    pub destination_ready: Family<DestinationLabel, Gauge>,
     /// Rows deleted by retention.
     pub retention_deleted_total: Counter,
-    /// Unix time by which every relay worker had last made progress; set
-    /// from the heartbeat when `/metrics` is scraped.
+    /// Unix time by which every relay worker of the source had last made
+    /// progress; set from the heartbeat when `/metrics` is scraped.
     pub last_progress: Gauge<f64, AtomicU64>,
+    /// 1 while the source's database answers and its claims succeed.
+    pub ready: Gauge,
+}
+
+impl std::fmt::Debug for SourceMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceMetrics")
+            .field("labels", &self.labels)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceMetrics {
+    /// The publishing metrics of this source's rows sent to one
+    /// destination, created at zero so that every pair has its series from
+    /// the start: labelled with the destination's `name`, or without a
+    /// destination label (`None`) for the one destination of a relay whose
+    /// sink the environment configures.
+    pub fn destination(&self, name: Option<&str>) -> DestinationMetrics {
+        let labels = with_label(self.labels.clone(), "destination", name);
+        let families = &self.families;
+        DestinationMetrics {
+            published: families.published_total.get_or_create(&labels).clone(),
+            failures: families.publish_failures_total.get_or_create(&labels).clone(),
+            quarantined: families.quarantined_total.get_or_create(&labels).clone(),
+            lag: families.publish_lag.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// The counters of this source's rows quarantined before a destination
+    /// was chosen: `destination=""` when destinations are labelled, else
+    /// without a destination label.
+    pub fn unrouted(&self, labelled: bool) -> (Counter, Counter) {
+        let labels = with_label(self.labels.clone(), "destination", labelled.then_some(""));
+        (
+            self.families
+                .publish_failures_total
+                .get_or_create(&labels)
+                .clone(),
+            self.families.quarantined_total.get_or_create(&labels).clone(),
+        )
+    }
+}
+
+/// Every metric the relay exposes, registered once.
+pub struct Metrics {
+    registry: Registry,
+    families: Families,
 }
 
 impl Default for Metrics {
@@ -93,20 +155,20 @@ impl Metrics {
     /// Creates and registers the metrics.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let metrics = Self {
-            unpublished: Gauge::default(),
-            oldest_unpublished_age: Gauge::default(),
-            quarantined: Gauge::default(),
-            stuck_aggregates: Gauge::default(),
-            gauges_refreshed: Gauge::default(),
+        let families = Families {
+            unpublished: Family::default(),
+            oldest_unpublished_age: Family::default(),
+            quarantined: Family::default(),
+            stuck_aggregates: Family::default(),
+            gauges_refreshed: Family::default(),
             published_total: Family::default(),
             publish_failures_total: Family::default(),
             quarantined_total: Family::default(),
             publish_lag: Family::new_with_constructor(lag_histogram),
             destination_ready: Family::default(),
-            retention_deleted_total: Counter::default(),
-            last_progress: Gauge::default(),
-            registry: Registry::default(),
+            source_ready: Family::default(),
+            retention_deleted_total: Family::default(),
+            last_progress: Family::default(),
         };
         // prometheus-client appends `_total` to counters and the unit to
         // names registered with one, so the names below are the documented
@@ -115,96 +177,105 @@ impl Metrics {
             "outbox_unpublished_events",
             "Rows not yet published and not quarantined: exact up to 100000; above that PostgreSQL's estimate \
              (the pending index's entries at its last VACUUM or ANALYZE), never below 100000",
-            metrics.unpublished.clone(),
+            families.unpublished.clone(),
         );
         registry.register(
             "outbox_oldest_unpublished_age_seconds",
             "Now minus the created_at of the oldest unpublished, unquarantined row; 0 when none. Exact, \
              computed by this replica on every refresh",
-            metrics.oldest_unpublished_age.clone(),
+            families.oldest_unpublished_age.clone(),
         );
         registry.register(
             "outbox_quarantined_events",
             "Quarantined rows waiting for an operator: exact up to 100000; above that PostgreSQL's estimate, \
              never below 100000",
-            metrics.quarantined.clone(),
+            families.quarantined.clone(),
         );
         registry.register(
             "outbox_stuck_aggregates",
             "Aggregates whose oldest unpublished row has failed or is quarantined (held back with \
              OUTBOX_ORDERING=aggregate), counted among the 10000 oldest pending and the 10000 oldest quarantined \
              rows: at least this many, exact while there are fewer rows",
-            metrics.stuck_aggregates.clone(),
+            families.stuck_aggregates.clone(),
         );
         registry.register(
             "outbox_gauges_refreshed_timestamp_seconds",
             "Unix time (database clock) at which the table gauges this replica shows were computed, by it or \
              by the replica whose stored values it read; stops advancing while refreshes fail",
-            metrics.gauges_refreshed.clone(),
+            families.gauges_refreshed.clone(),
         );
         registry.register(
             "outbox_events_published",
             "Events confirmed by the broker",
-            metrics.published_total.clone(),
+            families.published_total.clone(),
         );
         registry.register(
             "outbox_publish_failures",
             "Failed publish attempts",
-            metrics.publish_failures_total.clone(),
+            families.publish_failures_total.clone(),
         );
         registry.register(
             "outbox_events_quarantined",
             "Rows this replica quarantined",
-            metrics.quarantined_total.clone(),
+            families.quarantined_total.clone(),
         );
         registry.register(
             "outbox_publish_lag_seconds",
             "Time from created_at to the broker's confirm",
-            metrics.publish_lag.clone(),
+            families.publish_lag.clone(),
         );
         registry.register(
             "outbox_destination_ready",
             "1 while the destination takes messages (its broker is reachable and not deferring batches), 0 while \
              its rows wait",
-            metrics.destination_ready.clone(),
+            families.destination_ready.clone(),
+        );
+        registry.register(
+            "outbox_source_ready",
+            "1 while the source's database answers and its claims succeed (its table is there and writable), 0 \
+             while its rows wait",
+            families.source_ready.clone(),
         );
         registry.register(
             "outbox_retention_deleted",
             "Published rows deleted by retention",
-            metrics.retention_deleted_total.clone(),
+            families.retention_deleted_total.clone(),
         );
         registry.register(
             "outbox_relay_last_progress_timestamp_seconds",
             "Unix time by which every relay worker had last gone round its loop; /healthz answers 503 once it is too old",
-            metrics.last_progress.clone(),
+            families.last_progress.clone(),
         );
-        Self { registry, ..metrics }
+        Self { registry, families }
     }
 
-    /// The publishing metrics of one destination, created at zero so that
-    /// every destination has its series from the start: labelled with
-    /// `name`, or without a label (`None`) for the one destination of a
-    /// relay configured by the environment.
-    pub fn destination(&self, name: Option<&str>) -> DestinationMetrics {
-        let label = destination_label(name);
-        DestinationMetrics {
-            published: self.published_total.get_or_create(&label).clone(),
-            failures: self.publish_failures_total.get_or_create(&label).clone(),
-            quarantined: self.quarantined_total.get_or_create(&label).clone(),
-            lag: self.publish_lag.get_or_create(&label).clone(),
-            ready: self.destination_ready.get_or_create(&label).clone(),
+    /// One source's metrics, created at zero so that every source has its
+    /// series from the start: labelled with `name`, or without a source
+    /// label (`None`) for the one source of a relay whose database the
+    /// environment configures.
+    pub fn source(&self, name: Option<&str>) -> SourceMetrics {
+        let labels = with_label(Labels::new(), "source", name);
+        let families = &self.families;
+        SourceMetrics {
+            unpublished: families.unpublished.get_or_create(&labels).clone(),
+            oldest_unpublished_age: families.oldest_unpublished_age.get_or_create(&labels).clone(),
+            quarantined: families.quarantined.get_or_create(&labels).clone(),
+            stuck_aggregates: families.stuck_aggregates.get_or_create(&labels).clone(),
+            gauges_refreshed: families.gauges_refreshed.get_or_create(&labels).clone(),
+            retention_deleted_total: families.retention_deleted_total.get_or_create(&labels).clone(),
+            last_progress: families.last_progress.get_or_create(&labels).clone(),
+            ready: families.source_ready.get_or_create(&labels).clone(),
+            families: families.clone(),
+            labels,
         }
     }
 
-    /// The counters of rows quarantined before a destination was chosen:
-    /// `destination=""` when destinations are labelled, else the one
-    /// unlabelled series.
-    pub fn unrouted(&self, labelled: bool) -> (Counter, Counter) {
-        let label = destination_label(labelled.then_some(""));
-        (
-            self.publish_failures_total.get_or_create(&label).clone(),
-            self.quarantined_total.get_or_create(&label).clone(),
-        )
+    /// Whether a destination is ready, one series per destination whatever
+    /// the sources (the broker's state is the same for each): labelled with
+    /// `name`, or unlabelled (`None`) for a sink the environment configures.
+    pub fn destination_ready(&self, name: Option<&str>) -> Gauge {
+        let labels = with_label(Labels::new(), "destination", name);
+        self.families.destination_ready.get_or_create(&labels).clone()
     }
 
     /// The Prometheus text exposition of every metric.
@@ -223,10 +294,11 @@ mod tests {
     #[test]
     fn exposes_the_spec_names() {
         let metrics = Metrics::new();
-        let orders = metrics.destination(Some("orders"));
+        let source = metrics.source(None);
+        let orders = source.destination(Some("orders"));
         orders.published.inc();
         orders.lag.observe(0.02);
-        orders.ready.set(1);
+        metrics.destination_ready(Some("orders")).set(1);
         let text = metrics.render();
         for name in [
             "outbox_unpublished_events ",
@@ -236,6 +308,7 @@ mod tests {
             "outbox_publish_failures_total{destination=\"orders\"} 0",
             "outbox_events_quarantined_total{destination=\"orders\"} 0",
             "outbox_destination_ready{destination=\"orders\"} 1",
+            "outbox_source_ready ",
             "outbox_publish_lag_seconds_bucket",
             "outbox_retention_deleted_total ",
             "outbox_gauges_refreshed_timestamp_seconds ",
@@ -248,19 +321,57 @@ mod tests {
     }
 
     #[test]
-    fn a_relay_configured_by_the_environment_has_no_destination_label() {
+    fn a_relay_configured_by_the_environment_has_no_source_or_destination_label() {
         let metrics = Metrics::new();
-        metrics.destination(None).published.inc();
-        metrics.unrouted(false).1.inc();
+        let source = metrics.source(None);
+        source.destination(None).published.inc();
+        source.unrouted(false).1.inc();
+        metrics.destination_ready(None).set(1);
         let text = metrics.render();
         assert!(text.contains("outbox_events_published_total 1\n"), "{text}");
         assert!(text.contains("outbox_events_quarantined_total 1\n"), "{text}");
         assert!(!text.contains("destination="), "{text}");
+        assert!(!text.contains("source="), "{text}");
+    }
+
+    #[test]
+    fn every_series_of_a_source_carries_its_name() {
+        let metrics = Metrics::new();
+        let orders = metrics.source(Some("orders"));
+        let billing = metrics.source(Some("billing"));
+        orders.unpublished.set(3);
+        billing.unpublished.set(5);
+        orders.destination(Some("events")).published.inc_by(2);
+        billing.unrouted(true).1.inc();
+        metrics.destination_ready(Some("events")).set(1);
+        let text = metrics.render();
+        for line in [
+            "outbox_unpublished_events{source=\"orders\"} 3",
+            "outbox_unpublished_events{source=\"billing\"} 5",
+            "outbox_events_published_total{source=\"orders\",destination=\"events\"} 2",
+            "outbox_events_quarantined_total{source=\"billing\",destination=\"\"} 1",
+            "outbox_source_ready{source=\"orders\"} 0",
+            "outbox_retention_deleted_total{source=\"billing\"} 0",
+            "outbox_relay_last_progress_timestamp_seconds{source=\"orders\"} 0",
+            "outbox_destination_ready{destination=\"events\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        // One series per source: nothing without the label.
+        assert!(
+            !text
+                .lines()
+                .any(|line| line.starts_with("outbox_unpublished_events ")),
+            "{text}"
+        );
     }
 
     #[test]
     fn the_help_states_the_bounds_in_force() {
-        let text = Metrics::new().render();
+        let metrics = Metrics::new();
+        // A family without series has no help line: make one series.
+        metrics.source(None);
+        let text = metrics.render();
         let help = |name: &str| {
             text.lines()
                 .find(|line| line.starts_with(&format!("# HELP {name} ")))

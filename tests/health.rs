@@ -16,10 +16,10 @@ use common::{eventually, quick_settings, RelayProcess, TestBroker, TestDb};
 use futures::future::BoxFuture;
 use outbox_relay::cli::{Cli, Command};
 use outbox_relay::event::Event;
-use outbox_relay::http::{HttpState, MAX_CONNECTIONS};
+use outbox_relay::http::{HttpState, SourceState, MAX_CONNECTIONS};
 use outbox_relay::liveness::Liveness;
 use outbox_relay::metrics::Metrics;
-use outbox_relay::relay::Destination;
+use outbox_relay::relay::{Destination, Destinations};
 use outbox_relay::sink::{Outcome, Sink, SinkError};
 use outbox_relay::store::{DatabaseSettings, Store};
 use tokio_util::sync::CancellationToken;
@@ -96,7 +96,7 @@ async fn a_panicking_worker_ends_the_service_with_an_error() {
         panic!("`run` parses as the run command")
     };
     let config = args
-        .validate(&outbox_relay::config::Sources::default())
+        .validate(&outbox_relay::config::Layers::default())
         .expect("valid settings");
     let shutdown = CancellationToken::new();
 
@@ -127,16 +127,21 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
     let destination = Destination::new(
         "default".to_owned(),
         Arc::new(PanickingSink),
-        metrics.destination(None),
+        metrics.destination_ready(None),
         Duration::from_secs(1),
     );
     let state = HttpState {
+        sources: vec![SourceState {
+            name: None,
+            // Neither is used by /healthz; the pool connects lazily.
+            store: Arc::new(Store::new(&database, 1)),
+            liveness: liveness.clone(),
+            health: Default::default(),
+            metrics: metrics.source(None),
+        }]
+        .into(),
+        destinations: Destinations::new(vec![destination]),
         metrics,
-        // Neither is used by /healthz; the pool connects lazily.
-        store: Arc::new(Store::new(&database, 1)),
-        destinations: vec![destination].into(),
-        liveness: liveness.clone(),
-        health: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -120,7 +120,8 @@ async fn relay_connections_plan_for_the_table_as_it_is() {
 async fn gauges_equal_the_table() {
     let db = TestDb::migrated().await;
     let store = store(&db);
-    let metrics = Metrics::new();
+    let registry = Metrics::new();
+    let metrics = registry.source(None);
 
     let empty = gauges::refresh(&store, &metrics, ALWAYS).await.expect("refresh");
     assert!(empty.computed, "the only replica computes");
@@ -166,7 +167,7 @@ async fn gauges_equal_the_table() {
     // Older quarantined (2 h) and published (3 h) rows must not count.
     assert!((3600.0..7200.0).contains(&age), "oldest unpublished age {age}");
 
-    let text = metrics.render();
+    let text = registry.render();
     assert_eq!(metric(&text, "outbox_unpublished_events"), Some(13.0), "{text}");
     assert_eq!(metric(&text, "outbox_quarantined_events"), Some(5.0), "{text}");
     assert_eq!(
@@ -268,7 +269,7 @@ async fn maintenance_and_admin_queries_are_served_by_the_partial_indexes() {
         .expect("insert quarantine");
     Rows::pending(10).insert(&db).await;
     // The readers' statement finds the state table's row.
-    gauges::refresh(&store(&db), &Metrics::new(), ALWAYS)
+    gauges::refresh(&store(&db), &Metrics::new().source(None), ALWAYS)
         .await
         .expect("refresh");
     db.client
@@ -400,7 +401,7 @@ async fn maintenance_and_admin_queries_are_served_by_the_partial_indexes() {
 async fn the_gauge_refresher_outlives_dropped_database_connections() {
     let db = TestDb::migrated().await;
     let store = std::sync::Arc::new(store(&db));
-    let metrics = std::sync::Arc::new(Metrics::new());
+    let metrics = Metrics::new().source(None);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(gauges::run(
         store.clone(),
@@ -451,10 +452,11 @@ async fn the_refresh_time_stops_while_the_database_is_unreachable() {
     url.set_host(Some("127.0.0.1")).expect("host");
     url.set_port(Some(proxy.addr.port())).expect("port");
     let store = store_at(url.as_str());
-    let metrics = Metrics::new();
+    let registry = Metrics::new();
+    let metrics = registry.source(None);
     Rows::pending(2).insert(&db).await;
 
-    let refreshed = || metric(&metrics.render(), "outbox_gauges_refreshed_timestamp_seconds");
+    let refreshed = || metric(&registry.render(), "outbox_gauges_refreshed_timestamp_seconds");
     assert_eq!(refreshed(), Some(0.0), "never refreshed yet");
     gauges::refresh(&store, &metrics, ALWAYS).await.expect("refresh");
     let first = refreshed().expect("refresh time");
@@ -491,7 +493,8 @@ async fn the_refresh_time_stops_while_the_database_is_unreachable() {
 async fn one_replica_at_a_time_computes_the_counts() {
     let db = TestDb::migrated().await;
     let (store_a, store_b) = (std::sync::Arc::new(store(&db)), store(&db));
-    let (metrics_a, metrics_b) = (std::sync::Arc::new(Metrics::new()), Metrics::new());
+    let (registry_a, registry_b) = (Metrics::new(), Metrics::new());
+    let (metrics_a, metrics_b) = (registry_a.source(None), registry_b.source(None));
     Rows::pending(3).insert(&db).await;
 
     // Stored counts younger than max_age are read, not recomputed, by
@@ -504,13 +507,16 @@ async fn one_replica_at_a_time_computes_the_counts() {
     let (stored, stamp) = counts(&first);
     assert_eq!(stored.unpublished, 3);
     Rows::pending(2).insert(&db).await;
-    for (store, metrics) in [(&*store_a, &*metrics_a), (&store_b, &metrics_b)] {
+    for (store, metrics, registry) in [
+        (&*store_a, &metrics_a, &registry_a),
+        (&store_b, &metrics_b, &registry_b),
+    ] {
         let reading = gauges::refresh(store, metrics, long).await.expect("refresh");
         assert!(!reading.computed, "fresh counts are read");
         assert_eq!(counts(&reading), (stored, stamp), "what B stored");
         assert_eq!(metrics.unpublished.get(), 3);
         assert_eq!(
-            metric(&metrics.render(), "outbox_gauges_refreshed_timestamp_seconds"),
+            metric(&registry.render(), "outbox_gauges_refreshed_timestamp_seconds"),
             Some(stamp),
             "the time the values were computed, not read"
         );
@@ -730,7 +736,7 @@ async fn retention_runs_in_bounded_batches_on_one_replica_at_a_time() {
     Rows::pending(25).published_ago(8 * DAY).insert(&db).await;
     Rows::pending(3).published_ago(HOUR).insert(&db).await;
     let store = store(&db);
-    let metrics = Metrics::new();
+    let metrics = Metrics::new().source(None);
     let shutdown = CancellationToken::new();
     let seven_days = Duration::from_secs(7 * DAY as u64);
 

@@ -23,11 +23,14 @@
 //!   rows backing off, the gauge refresh on a large table, and a drain
 //!   while retention deletes old published rows;
 //! - with `--migrate-lock`: how long `migrate` holds up a producer on a
-//!   seed-shaped table of `--migrate-rows` rows.
+//!   seed-shaped table of `--migrate-rows` rows;
+//! - with `--sources`: one relay serving several databases, a source's
+//!   drain alone, beside another draining and beside a faulty one, and the
+//!   memory of a relay serving many idle sources.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
 //! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`], [`kafka`],
-//! [`scale`] and [`migrate_lock`]; what they start from is in [`fixture`],
+//! [`scale`], [`migrate_lock`] and [`sources`]; what they start from is in [`fixture`],
 //! what they measure with in [`meter`], and [`report`] prints the tables.
 
 mod baselines;
@@ -40,6 +43,7 @@ mod nats;
 mod notify_cost;
 mod report;
 mod scale;
+mod sources;
 mod sqs;
 mod steady;
 
@@ -157,6 +161,23 @@ struct Options {
     /// Rows of the seed-shaped table `migrate` upgrades.
     #[arg(long, default_value = "5000000")]
     migrate_rows: usize,
+    /// Also the many-sources runs (a private PostgreSQL cluster for the
+    /// idle sources).
+    #[arg(long)]
+    sources: bool,
+    /// Only the many-sources runs.
+    #[arg(long)]
+    only_sources: bool,
+    /// `--sources`: rows of each draining source.
+    #[arg(long, default_value = "50000")]
+    source_rows: usize,
+    /// `--sources`: how many idle sources a relay serves, one run each
+    /// (comma-separated).
+    #[arg(long, default_value = "1,10,50", value_delimiter = ',')]
+    idle_sources: Vec<usize>,
+    /// `--sources`: how long the relay idles before its memory is read.
+    #[arg(long, default_value = "15")]
+    idle_seconds: u64,
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
@@ -238,6 +259,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.only_config_file {
         return config_file(&options).await;
+    }
+    if options.only_sources {
+        return sources::run(&options).await;
     }
     let bare = median_of(
         options.repeat,
@@ -371,6 +395,9 @@ async fn main() -> Result<(), Error> {
     report::notify_cost_table(with_trigger, without_trigger);
     if options.migrate_lock {
         migrate_lock(&options).await?;
+    }
+    if options.sources {
+        sources::run(&options).await?;
     }
     Ok(())
 }

@@ -127,7 +127,7 @@ pub async fn gauge_refresh(options: &Options) -> Result<GaugeRefresh, Error> {
         .await?;
     db.client.batch_execute("VACUUM ANALYZE outbox_event").await?;
     let store = store(&db)?;
-    let metrics = Metrics::new();
+    let metrics = Metrics::new().source(None);
     let runs = 7;
     let mut times = Vec::new();
     for _ in 0..runs {

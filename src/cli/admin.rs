@@ -17,6 +17,12 @@
 //!   one page (`--limit`, `--after`), written element by element as the rows
 //!   arrive; the next page is `--after <last quarantined_at>,<last id>`
 //!
+//! With `[[source]]` tables in the configuration file every command acts on
+//! a [`Target`], a source's database and name: `status` of several sources
+//! prints `{"sources":[{"source":"<name>",…the keys above…}|{"source":"<name>",
+//! "error":"…"},…]}` (one element per source, in the file's order), and each
+//! element of `quarantine list --json` carries `"source":"<name>"`.
+//!
 //! Every database failure exits with status 1 (`CliError::Failed`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,8 +37,7 @@ use tokio_postgres::error::SqlState;
 use uuid::Uuid;
 
 use super::CliError;
-use crate::config::DestinationConfig;
-use crate::route::Router;
+use crate::config::{Routing, SourceDatabase};
 pub use crate::store::QuarantineCursor;
 use crate::store::{describe_pg, DatabaseConfig};
 use crate::store::{Backlog, QuarantinedRow, Store, StoreError, COUNT_CAP, STUCK_SCAN};
@@ -45,9 +50,40 @@ const RECENT_WINDOW: Duration = Duration::from_secs(3600);
 /// `--json` has them in full.
 const ERROR_COLUMN_WIDTH: usize = 200;
 
+/// What an admin command acts on: one source's database and table, with
+/// the source's name when the configuration file names its sources.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The source's name, `None` for the environment's one database.
+    pub name: Option<String>,
+    /// Its database and table.
+    pub database: DatabaseConfig,
+}
+
+impl Target {
+    /// The target of `source`; `named` when the file names its sources.
+    pub fn new(source: SourceDatabase, named: bool) -> Self {
+        Self {
+            name: named.then_some(source.name),
+            database: source.database,
+        }
+    }
+
+    /// Where, for messages: the table, and its source when named.
+    fn place(&self) -> String {
+        match &self.name {
+            Some(name) => format!("{} (source {name})", self.database.table),
+            None => self.database.table.to_string(),
+        }
+    }
+}
+
 /// `status --json`.
 #[derive(Debug, Serialize)]
 struct StatusJson {
+    /// The source, when the file names its sources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
     unpublished: i64,
     oldest_unpublished_age_seconds: f64,
     quarantined: i64,
@@ -68,6 +104,21 @@ struct StatusJson {
     destinations_exact: Option<bool>,
 }
 
+/// `status --json` for several sources: each source's object, or its
+/// error.
+#[derive(Debug, Serialize)]
+struct SourcesJson {
+    sources: Vec<serde_json::Value>,
+}
+
+/// One source's status, as read.
+#[derive(Debug)]
+struct SourceStatus {
+    backlog: Backlog,
+    recent: i64,
+    per_destination: Option<PerDestination>,
+}
+
 /// The backlog split by destination, as the routes send it.
 #[derive(Debug)]
 struct PerDestination {
@@ -79,6 +130,9 @@ struct PerDestination {
 /// One element of `quarantine list --json`.
 #[derive(Debug, Serialize)]
 struct QuarantinedJson<'a> {
+    /// The source, when the file names its sources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'a str>,
     id: Uuid,
     event_type: &'a str,
     attempt_count: i32,
@@ -86,20 +140,80 @@ struct QuarantinedJson<'a> {
     quarantined_at: String,
 }
 
-/// `outbox-relay status [--json]`.
+/// `outbox-relay status [--json]`: of one source as always, or of every
+/// source of the file, each named; `one` when `--source` picked it. A
+/// source whose database fails does not hide the others: the command
+/// reports it among them and fails at the end.
 pub async fn status(
-    database: DatabaseConfig,
+    targets: Vec<Target>,
     json: bool,
-    routes: Option<&(Vec<DestinationConfig>, Router)>,
+    one: bool,
+    routes: Option<&Routing>,
 ) -> Result<(), CliError> {
-    let store = Store::new(&database, 1);
-    let backlog = store.backlog().await.map_err(|e| failed(&database, e))?;
+    if let [target] = targets.as_slice() {
+        if target.name.is_none() || one {
+            let status = read_status(target, routes).await?;
+            let text = if json {
+                json_line(&status_json(target, &status))?
+            } else {
+                render_status(target, &status)
+            };
+            return emit(&text);
+        }
+    }
+    let statuses = futures::future::join_all(targets.iter().map(|target| read_status(target, routes))).await;
+    let mut failed = Vec::new();
+    let text = if json {
+        let mut sources = Vec::with_capacity(targets.len());
+        for (target, status) in targets.iter().zip(&statuses) {
+            let name = target.name.clone().unwrap_or_default();
+            sources.push(match status {
+                Ok(status) => serde_json::to_value(status_json(target, status))
+                    .map_err(|e| anyhow::anyhow!("cannot encode JSON: {e}"))?,
+                Err(e) => {
+                    failed.push(name.clone());
+                    serde_json::json!({ "source": name, "error": e.to_string() })
+                }
+            });
+        }
+        json_line(&SourcesJson { sources })?
+    } else {
+        let mut blocks = Vec::with_capacity(targets.len());
+        for (target, status) in targets.iter().zip(&statuses) {
+            blocks.push(match status {
+                Ok(status) => render_status(target, status),
+                Err(e) => {
+                    let name = target.name.clone().unwrap_or_default();
+                    failed.push(name.clone());
+                    format!("source  {name}\nerror   {e}\n")
+                }
+            });
+        }
+        blocks.join("\n")
+    };
+    emit(&text)?;
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(anyhow::anyhow!(
+            "status could not be read for source(s): {}",
+            failed.join(", ")
+        )))
+    }
+}
+
+/// Reads one source's status.
+async fn read_status(target: &Target, routes: Option<&Routing>) -> Result<SourceStatus, CliError> {
+    let database = &target.database;
+    let store = Store::new(database, 1);
+    let backlog = store.backlog().await.map_err(|e| failed(database, e))?;
     let recent = store
         .published_within(RECENT_WINDOW)
         .await
-        .map_err(|e| failed(&database, e))?;
+        .map_err(|e| failed(database, e))?;
     let per_destination = match routes {
-        Some((destinations, router)) => {
+        Some(routing) => {
+            let router = routing.router(target.name.as_deref().unwrap_or(crate::config::DEFAULT_SOURCE));
             let patterns: Vec<String> = router
                 .routes()
                 .iter()
@@ -108,14 +222,15 @@ pub async fn status(
             let (by_route, exact) = store
                 .backlog_by_route(&patterns)
                 .await
-                .map_err(|e| failed(&database, e))?;
-            let mut counts: BTreeMap<String, i64> = destinations
+                .map_err(|e| failed(database, e))?;
+            let mut counts: BTreeMap<String, i64> = routing
+                .destinations
                 .iter()
                 .map(|destination| (destination.name.clone(), 0))
                 .collect();
             for (route, count) in router.routes().iter().zip(&by_route[1..]) {
                 *counts
-                    .entry(destinations[route.destination].name.clone())
+                    .entry(routing.destinations[route.destination].name.clone())
                     .or_default() += count;
             }
             Some(PerDestination {
@@ -126,25 +241,30 @@ pub async fn status(
         }
         None => None,
     };
-    let text = if json {
-        let counts = backlog.counts;
-        json_line(&StatusJson {
-            unpublished: counts.unpublished,
-            oldest_unpublished_age_seconds: backlog.oldest_unpublished_age_seconds,
-            quarantined: counts.quarantined,
-            published_last_hour: recent,
-            stuck_aggregates: counts.stuck_aggregates,
-            unpublished_exact: counts.unpublished_exact,
-            quarantined_exact: counts.quarantined_exact,
-            stuck_aggregates_exact: counts.stuck_aggregates_exact,
-            destinations: per_destination.as_ref().map(|per| per.counts.clone()),
-            unrouted: per_destination.as_ref().map(|per| per.unrouted),
-            destinations_exact: per_destination.as_ref().map(|per| per.exact),
-        })?
-    } else {
-        render_status(&database, &backlog, recent, per_destination.as_ref())
-    };
-    emit(&text)
+    Ok(SourceStatus {
+        backlog,
+        recent,
+        per_destination,
+    })
+}
+
+fn status_json(target: &Target, status: &SourceStatus) -> StatusJson {
+    let counts = &status.backlog.counts;
+    let per_destination = status.per_destination.as_ref();
+    StatusJson {
+        source: target.name.clone(),
+        unpublished: counts.unpublished,
+        oldest_unpublished_age_seconds: status.backlog.oldest_unpublished_age_seconds,
+        quarantined: counts.quarantined,
+        published_last_hour: status.recent,
+        stuck_aggregates: counts.stuck_aggregates,
+        unpublished_exact: counts.unpublished_exact,
+        quarantined_exact: counts.quarantined_exact,
+        stuck_aggregates_exact: counts.stuck_aggregates_exact,
+        destinations: per_destination.map(|per| per.counts.clone()),
+        unrouted: per_destination.map(|per| per.unrouted),
+        destinations_exact: per_destination.map(|per| per.exact),
+    }
 }
 
 /// `outbox-relay quarantine list [--json] [--limit N] [--after QUARANTINED_AT,ID]`.
@@ -153,14 +273,15 @@ pub async fn status(
 /// stderr so the table on stdout stays clean. In JSON mode the reader
 /// continues from the last element's `quarantined_at` and `id`.
 pub async fn quarantine_list(
-    database: DatabaseConfig,
+    target: Target,
     json: bool,
     limit: i64,
     after: Option<QuarantineCursor>,
 ) -> Result<(), CliError> {
-    let store = Store::new(&database, 1);
+    let database = &target.database;
+    let store = Store::new(database, 1);
     if json {
-        return quarantine_list_json(&store, &database, limit, after).await;
+        return quarantine_list_json(&store, &target, limit, after).await;
     }
     let mut rows = Vec::new();
     store
@@ -169,11 +290,16 @@ pub async fn quarantine_list(
             ControlFlow::Continue(())
         })
         .await
-        .map_err(|e| failed(&database, e))?;
-    emit(&render_quarantined(&database, &rows, after, limit))?;
+        .map_err(|e| failed(database, e))?;
+    emit(&render_quarantined(&target, &rows, after, limit))?;
     if let Some(last) = rows.last().filter(|_| rows.len() as i64 == limit) {
+        let source = target
+            .name
+            .as_ref()
+            .map(|name| format!(" --source {name}"))
+            .unwrap_or_default();
         eprintln!(
-            "more rows may follow; next page: outbox-relay quarantine list --limit {limit} --after {}",
+            "more rows may follow; next page: outbox-relay quarantine list{source} --limit {limit} --after {}",
             QuarantineCursor::after(last)
         );
     }
@@ -184,7 +310,7 @@ pub async fn quarantine_list(
 /// `]`, so a page of any length is valid JSON without being held in memory.
 async fn quarantine_list_json(
     store: &Store,
-    database: &DatabaseConfig,
+    target: &Target,
     limit: i64,
     after: Option<QuarantineCursor>,
 ) -> Result<(), CliError> {
@@ -197,6 +323,7 @@ async fn quarantine_list_json(
                 return ControlFlow::Break(());
             }
             let element = QuarantinedJson {
+                source: target.name.as_deref(),
                 id: row.id,
                 event_type: &row.event_type,
                 attempt_count: row.attempt_count,
@@ -217,7 +344,7 @@ async fn quarantine_list_json(
             }
         })
         .await;
-    listed.map_err(|e| failed(database, e))?;
+    listed.map_err(|e| failed(&target.database, e))?;
     let closed = match failure {
         Some(e) => Err(e),
         None => out.write_all(b"]\n").and_then(|()| out.flush()),
@@ -235,17 +362,18 @@ async fn quarantine_list_json(
 /// Ids that are not quarantined (unknown, already released, or published
 /// meanwhile) are listed but do not make the command fail: a release can be
 /// repeated after an interruption and ends in the same state.
-pub async fn quarantine_release(database: DatabaseConfig, ids: Vec<Uuid>, all: bool) -> Result<(), CliError> {
-    let store = Store::new(&database, 1);
+pub async fn quarantine_release(target: Target, ids: Vec<Uuid>, all: bool) -> Result<(), CliError> {
+    let database = &target.database;
+    let store = Store::new(database, 1);
     if all {
         let released = store
             .release_all_quarantined()
             .await
-            .map_err(|e| failed(&database, e))?;
+            .map_err(|e| failed(database, e))?;
         return emit(&format!(
             "released {} from quarantine in {}; due now with attempts reset\n",
             count_rows(released),
-            database.table
+            target.place()
         ));
     }
     if ids.is_empty() {
@@ -257,13 +385,13 @@ pub async fn quarantine_release(database: DatabaseConfig, ids: Vec<Uuid>, all: b
     let released: BTreeSet<Uuid> = store
         .release_quarantined(&wanted)
         .await
-        .map_err(|e| failed(&database, e))?
+        .map_err(|e| failed(database, e))?
         .into_iter()
         .collect();
     let mut text = format!(
         "released {} from quarantine in {}; due now with attempts reset\n",
         count_rows(released.len() as u64),
-        database.table
+        target.place()
     );
     let missed: Vec<&Uuid> = wanted.iter().filter(|id| !released.contains(id)).collect();
     if !missed.is_empty() {
@@ -281,16 +409,16 @@ pub async fn quarantine_release(database: DatabaseConfig, ids: Vec<Uuid>, all: b
 
 /// `outbox-relay replay --since … [--until …] [--event-type …]`.
 pub async fn replay(
-    database: DatabaseConfig,
+    target: Target,
     since: DateTime<Utc>,
     until: Option<DateTime<Utc>>,
     event_type: Option<String>,
 ) -> Result<(), CliError> {
-    let store = Store::new(&database, 1);
+    let store = Store::new(&target.database, 1);
     let requeued = store
         .replay(since, until, event_type.as_deref())
         .await
-        .map_err(|e| failed(&database, e))?;
+        .map_err(|e| failed(&target.database, e))?;
     let until_text = until.map_or_else(|| "now".to_owned(), rfc3339);
     let type_text = event_type
         .map(|t| format!(" of event type '{t}'"))
@@ -300,7 +428,7 @@ pub async fn replay(
         count_rows(requeued),
         rfc3339(since),
         until_text,
-        database.table
+        target.place()
     ))
 }
 
@@ -355,14 +483,12 @@ fn emit(text: &str) -> Result<(), CliError> {
     }
 }
 
-fn render_status(
-    database: &DatabaseConfig,
-    backlog: &Backlog,
-    recent: i64,
-    per_destination: Option<&PerDestination>,
-) -> String {
-    let table = database.table.to_string();
+fn render_status(target: &Target, status: &SourceStatus) -> String {
+    let (backlog, recent) = (&status.backlog, status.recent);
+    let per_destination = status.per_destination.as_ref();
+    let table = target.database.table.to_string();
     let counts = &backlog.counts;
+    let source = target.name.iter().map(|name| ("source", name.clone()));
     let lines = [
         ("table", table),
         (
@@ -390,8 +516,8 @@ fn render_status(
             },
         ),
     ];
-    let mut lines: Vec<(String, String)> = lines
-        .into_iter()
+    let mut lines: Vec<(String, String)> = source
+        .chain(lines)
         .map(|(label, value)| (label.to_owned(), value))
         .collect();
     if let Some(per) = per_destination {
@@ -455,15 +581,15 @@ fn human_age(seconds: f64) -> String {
 }
 
 fn render_quarantined(
-    database: &DatabaseConfig,
+    target: &Target,
     rows: &[QuarantinedRow],
     after: Option<QuarantineCursor>,
     limit: i64,
 ) -> String {
     if rows.is_empty() {
         return match after {
-            Some(cursor) => format!("no quarantined rows in {} after {cursor}\n", database.table),
-            None => format!("no quarantined rows in {}\n", database.table),
+            Some(cursor) => format!("no quarantined rows in {} after {cursor}\n", target.place()),
+            None => format!("no quarantined rows in {}\n", target.place()),
         };
     }
     let header = ["ID", "EVENT TYPE", "ATTEMPTS", "QUARANTINED AT", "LAST ERROR"];
@@ -507,7 +633,7 @@ fn render_quarantined(
         text,
         "{} quarantined in {}{}",
         count_rows(rows.len() as u64),
-        database.table,
+        target.place(),
         if whole { "" } else { " on this page" }
     );
     text

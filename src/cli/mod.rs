@@ -11,16 +11,16 @@ use chrono::{DateTime, Utc};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use thiserror::Error;
-use tracing::info;
+use tracing::{info, Instrument};
 use uuid::Uuid;
 
-use crate::config::{Config, SettingsError, Sources};
+use crate::config::{Config, Layers, RunParts, SettingsError, SourceDatabase};
 use crate::http::HttpSettings;
 use crate::maintenance::retention::RetentionSettings;
 use crate::relay::RelaySettings;
 use crate::settings::{var, ConfigError};
 use crate::sink::SinkSettings;
-use crate::store::{describe_pg, DatabaseConfig, DatabaseSettings, ListenSettings, MigrateSettings, Store};
+use crate::store::{describe_pg, DatabaseSettings, ListenSettings, MigrateSettings, Store};
 use crate::telemetry::parse_log_format;
 
 /// Command-line interface of `outbox-relay`.
@@ -32,10 +32,17 @@ pub struct Cli {
     pub log_format: String,
 
     /// Configuration file (TOML): every setting below by its name in lower
-    /// case without `OUTBOX_`, plus `[[destination]]` and `[[route]]`
-    /// tables; a flag or a set variable wins over the file.
+    /// case without `OUTBOX_`, plus `[[source]]`, `[[destination]]` and
+    /// `[[route]]` tables; a flag or a set variable wins over the file's
+    /// top level, a source's own settings over everything.
     #[arg(long, env = var::CONFIG, global = true)]
     pub config: Option<String>,
+
+    /// Only this `[[source]]` of the configuration file: `run`, `check`,
+    /// `migrate` and `status` act on every source without it; `quarantine`
+    /// and `replay` need it when the file has several.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub source: Option<String>,
 
     /// The settings a flag or a variable gave, which the file does not
     /// override (filled by [`Cli::parse_with_sources`]).
@@ -71,21 +78,16 @@ pub struct RunArgs {
 impl RunArgs {
     /// Validates everything, the file's settings included, before anything
     /// connects.
-    pub fn validate(&self, sources: &Sources) -> Result<Config, SettingsError> {
+    pub fn validate(&self, layers: &Layers) -> Result<Config, SettingsError> {
         let mut args = self.clone();
-        sources.apply(&mut args)?;
-        let locate = |error: ConfigError| sources.locate(error);
-        let database = args.database.validate().map_err(locate)?;
-        let relay = args.relay.validate().map_err(locate)?;
-        let (destinations, router) = sources.destinations(&args.sink, relay.publish_timeout)?;
-        Ok(Config {
-            listen: args.listen.validate(&database).map_err(locate)?,
-            database,
-            destinations,
-            router,
-            relay,
-            retention: args.retention.validate().map_err(locate)?,
-            http_addr: args.http.validate().map_err(locate)?,
+        layers.apply(&mut args)?;
+        layers.config(RunParts {
+            database: &args.database,
+            listen: &args.listen,
+            sink: &args.sink,
+            relay: &args.relay,
+            retention: &args.retention,
+            http: &args.http,
         })
     }
 }
@@ -225,15 +227,15 @@ impl CliError {
 
 /// Runs the parsed command line and returns the process exit status.
 pub fn execute(cli: Cli) -> ExitCode {
-    let sources = match Sources::read(cli.config.as_deref(), cli.explicit.clone()) {
-        Ok(sources) => sources,
+    let layers = match Layers::read(cli.config.as_deref(), cli.explicit.clone()) {
+        Ok(layers) => layers,
         Err(e) => {
             eprintln!("outbox-relay: {e}");
             return ExitCode::from(2);
         }
     };
-    let log_format = match sources.file.as_ref().and_then(|file| file.setting("log_format")) {
-        Some(entry) if !sources.explicit.contains("log_format") => entry.value.clone(),
+    let log_format = match layers.file.as_ref().and_then(|file| file.setting("log_format")) {
+        Some(entry) if !layers.explicit.contains("log_format") => entry.value.clone(),
         _ => cli.log_format.clone(),
     };
     let format = match parse_log_format(&log_format) {
@@ -251,7 +253,7 @@ pub fn execute(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(dispatch(cli, sources)) {
+    match runtime.block_on(dispatch(cli, layers)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("outbox-relay: {e}");
@@ -260,26 +262,89 @@ pub fn execute(cli: Cli) -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli, sources: Sources) -> Result<(), CliError> {
-    // The admin commands read the database settings from the file too.
-    let database = |mut settings: DatabaseSettings| -> Result<DatabaseConfig, CliError> {
-        sources.apply(&mut settings).map_err(SettingsError::from)?;
-        Ok(settings.validate().map_err(|e| sources.locate(e))?)
+/// Keeps the sources `--source` names: all of them without it. `named`:
+/// whether the sources are the file's (else `--source` has nothing to
+/// pick from).
+fn select<T>(
+    mut items: Vec<T>,
+    name_of: impl Fn(&T) -> &str,
+    wanted: Option<&str>,
+    named: bool,
+) -> Result<Vec<T>, CliError> {
+    let Some(wanted) = wanted else {
+        return Ok(items);
+    };
+    if !named {
+        return Err(CliError::Usage(
+            "--source: the configuration has no [[source]] tables; it serves one database".to_owned(),
+        ));
+    }
+    if !items.iter().any(|item| name_of(item) == wanted) {
+        let names: Vec<&str> = items.iter().map(&name_of).collect();
+        return Err(CliError::Usage(format!(
+            "--source: no source is named \"{wanted}\" (they are: {})",
+            names.join(", ")
+        )));
+    }
+    items.retain(|item| name_of(item) == wanted);
+    Ok(items)
+}
+
+/// The one source a command acts on: `--source`'s, or the only one.
+fn one_source(
+    databases: Vec<SourceDatabase>,
+    wanted: Option<&str>,
+    named: bool,
+) -> Result<admin::Target, CliError> {
+    let mut selected = select(databases, |source| &source.name, wanted, named)?;
+    if selected.len() > 1 {
+        let names: Vec<&str> = selected.iter().map(|source| source.name.as_str()).collect();
+        return Err(CliError::Usage(format!(
+            "--source: the configuration file has several sources ({}); name the one to act on",
+            names.join(", ")
+        )));
+    }
+    // `select` keeps at least one: the named one, or all of at least one.
+    let source = selected.remove(0);
+    Ok(admin::Target::new(source, named))
+}
+
+async fn dispatch(cli: Cli, layers: Layers) -> Result<(), CliError> {
+    let wanted = cli.source.as_deref();
+    let named = layers.has_sources();
+    // The admin commands read the database settings from the file too:
+    // the top level's, or each source's.
+    let databases = |settings: DatabaseSettings| -> Result<Vec<SourceDatabase>, CliError> {
+        let settings = MigrateSettings {
+            database: settings,
+            notify_trigger: "on".to_owned(),
+        };
+        Ok(layers.databases(&settings)?)
+    };
+    let run_config = |args: RunArgs| -> Result<Config, CliError> {
+        let mut config = args.validate(&layers)?;
+        config.sources = select(config.sources, |source| &source.name, wanted, named)?;
+        Ok(config)
     };
     match cli.command {
-        None => Ok(crate::app::run(cli.run.validate(&sources)?).await?),
-        Some(Command::Run(args)) => Ok(crate::app::run(args.validate(&sources)?).await?),
-        Some(Command::Migrate(mut args)) => {
-            sources.apply(&mut args).map_err(SettingsError::from)?;
-            migrate(args, &sources).await
+        None => Ok(crate::app::run(run_config(cli.run)?).await?),
+        Some(Command::Run(args)) => Ok(crate::app::run(run_config(args)?).await?),
+        Some(Command::Migrate(args)) => {
+            let targets = select(layers.databases(&args)?, |source| &source.name, wanted, named)?;
+            migrate(targets, named).await
         }
-        Some(Command::Check(args)) => check(args.validate(&sources)?).await,
+        Some(Command::Check(args)) => check(run_config(args)?).await,
         Some(Command::Status {
             database: settings,
             json,
         }) => {
-            let routes = sources.routes()?;
-            admin::status(database(settings)?, json, routes.as_ref()).await
+            let targets = select(databases(settings)?, |source| &source.name, wanted, named)?;
+            let routes = layers.routes()?;
+            let targets = targets
+                .into_iter()
+                .map(|source| admin::Target::new(source, named))
+                .collect();
+            admin::status(targets, json, wanted.is_some(), routes.as_ref()).await
         }
         Some(Command::Quarantine { action }) => match action {
             QuarantineAction::List {
@@ -287,12 +352,20 @@ async fn dispatch(cli: Cli, sources: Sources) -> Result<(), CliError> {
                 json,
                 limit,
                 after,
-            } => admin::quarantine_list(database(settings)?, json, limit, after).await,
+            } => {
+                admin::quarantine_list(
+                    one_source(databases(settings)?, wanted, named)?,
+                    json,
+                    limit,
+                    after,
+                )
+                .await
+            }
             QuarantineAction::Release {
                 database: settings,
                 ids,
                 all,
-            } => admin::quarantine_release(database(settings)?, ids, all).await,
+            } => admin::quarantine_release(one_source(databases(settings)?, wanted, named)?, ids, all).await,
         },
         Some(Command::Replay {
             database: settings,
@@ -303,21 +376,59 @@ async fn dispatch(cli: Cli, sources: Sources) -> Result<(), CliError> {
             if until.is_some_and(|until| until <= since) {
                 return Err(CliError::Usage("--until must be later than --since".to_owned()));
             }
-            admin::replay(database(settings)?, since, until, event_type).await
+            admin::replay(
+                one_source(databases(settings)?, wanted, named)?,
+                since,
+                until,
+                event_type,
+            )
+            .await
         }
     }
 }
 
-async fn migrate(args: MigrateSettings, sources: &Sources) -> Result<(), CliError> {
-    let (database, notify_trigger) = args.validate().map_err(|e| sources.locate(e))?;
-    let store = Store::new(&database, 1);
+/// Migrates every source's table in turn; one that fails does not stop
+/// the others, and the command fails naming it.
+async fn migrate(targets: Vec<SourceDatabase>, named: bool) -> Result<(), CliError> {
+    let mut failed = Vec::new();
+    for target in &targets {
+        let span = if named {
+            tracing::info_span!("source", source = %target.name)
+        } else {
+            tracing::Span::none()
+        };
+        let result = migrate_one(target).instrument(span).await;
+        match result {
+            Ok(()) => {}
+            Err(e) if !named => return Err(e),
+            Err(e) => {
+                tracing::error!(source = %target.name, error = %e, "migration of this source failed");
+                failed.push(format!("{}: {e}", target.name));
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!("migration failed for source(s): {}", failed.join("; ")).into())
+    }
+}
+
+async fn migrate_one(target: &SourceDatabase) -> Result<(), CliError> {
+    let database = &target.database;
+    let store = Store::new(database, 1);
     let mut client = store
         .client()
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", describe_pg(&database.pg)))?;
-    let applied = crate::store::migrate(&mut client, &database.table, notify_trigger, database.pooler)
-        .await
-        .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
+    let applied = crate::store::migrate(
+        &mut client,
+        &database.table,
+        target.notify_trigger,
+        database.pooler,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;
     if applied.is_empty() {
         info!(table = %database.table, "schema is up to date");
     } else {
@@ -335,34 +446,74 @@ async fn migrate(args: MigrateSettings, sources: &Sources) -> Result<(), CliErro
 }
 
 async fn check(config: Config) -> Result<(), CliError> {
-    let store = Store::new(&config.database, 1);
-    store
-        .ping()
-        .await
-        .map_err(|e| anyhow::anyhow!("database {}: {e}", describe_pg(&config.database.pg)))?;
-    if let [only] = config.destinations.as_slice() {
-        if only.name == crate::relay::DEFAULT_DESTINATION {
-            let sink = crate::sink::build(&only.sink, &only.format)
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            sink.ready()
-                .await
-                .map_err(|e| anyhow::anyhow!("{}: {e}", sink.kind()))?;
-            println!(
-                "ok: database {} and {} sink reachable",
-                describe_pg(&config.database.pg),
-                sink.kind()
+    let mut failed = Vec::new();
+    if !config.named_sources {
+        let database = &config.sources[0].database;
+        Store::new(database, 1)
+            .ping()
+            .await
+            .map_err(|e| anyhow::anyhow!("database {}: {e}", describe_pg(&database.pg)))?;
+        if let [only] = config.destinations.as_slice() {
+            if only.name == crate::relay::DEFAULT_DESTINATION {
+                let sink = crate::sink::build(&only.sink, &only.format)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                sink.ready()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", sink.kind()))?;
+                println!(
+                    "ok: database {} and {} sink reachable",
+                    describe_pg(&database.pg),
+                    sink.kind()
+                );
+                return Ok(());
+            }
+        }
+        println!("ok: database {} reachable", describe_pg(&database.pg));
+    } else {
+        // Every source at once, so one report names them all.
+        let pings = config.sources.iter().map(|source| async move {
+            let store = Store::new(&source.database, 1);
+            match store.ping().await {
+                Ok(()) => store
+                    .check_table()
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|findings| {
+                        let unusable: Vec<String> = findings
+                            .into_iter()
+                            .filter(|finding| finding.severity == crate::store::Severity::Unusable)
+                            .map(|finding| finding.message)
+                            .collect();
+                        if unusable.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(unusable.join("; "))
+                        }
+                    }),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        for (source, result) in config.sources.iter().zip(futures::future::join_all(pings).await) {
+            let place = format!(
+                "database {} table {}",
+                describe_pg(&source.database.pg),
+                source.database.table
             );
-            return Ok(());
+            match result {
+                Ok(()) => println!("ok: source {}: {place} reachable", source.name),
+                Err(e) => {
+                    println!("failed: source {}: {place}: {e}", source.name);
+                    failed.push(format!("source {}", source.name));
+                }
+            }
         }
     }
-    println!("ok: database {} reachable", describe_pg(&config.database.pg));
     // Every destination is checked, at once, so one report names them all.
     let checks = config.destinations.iter().map(|destination| async move {
         let sink = crate::sink::build(&destination.sink, &destination.format).await?;
         sink.ready().await.map(|()| sink.kind())
     });
-    let mut failed = Vec::new();
     for (destination, result) in config
         .destinations
         .iter()
@@ -372,13 +523,13 @@ async fn check(config: Config) -> Result<(), CliError> {
             Ok(kind) => println!("ok: destination {} ({kind}) reachable", destination.name),
             Err(e) => {
                 println!("failed: destination {}: {e}", destination.name);
-                failed.push(destination.name.as_str());
+                failed.push(format!("destination {}", destination.name));
             }
         }
     }
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(anyhow::anyhow!("destination(s) not reachable: {}", failed.join(", ")).into())
+        Err(anyhow::anyhow!("not reachable: {}", failed.join(", ")).into())
     }
 }

@@ -4,8 +4,8 @@
 //! names the file, the line and the key.
 //!
 //! The shape: top-level keys are settings named like their variables (lower
-//! case, without `OUTBOX_`); `[[destination]]` and `[[route]]` are arrays of
-//! tables of such keys. Values are scalars (strings, numbers, booleans),
+//! case, without `OUTBOX_`); `[[source]]`, `[[destination]]` and `[[route]]`
+//! are arrays of tables of such keys. Values are scalars (strings, numbers, booleans),
 //! turned into the text a variable would hold. `${VAR}` in a string is that
 //! environment variable, so secrets stay in the environment (a Kubernetes
 //! Secret) while the file can live in a ConfigMap; `$${` is a literal `${`.
@@ -19,6 +19,8 @@ use toml::de::{DeTable, DeValue};
 pub const DESTINATION: &str = "destination";
 /// The key of the routes' array of tables.
 pub const ROUTE: &str = "route";
+/// The key of the sources' array of tables.
+pub const SOURCE: &str = "source";
 
 /// A configuration file, read and checked for unknown keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +33,8 @@ pub struct ConfigFile {
     pub destinations: Vec<Section>,
     /// `[[route]]` tables, in order.
     pub routes: Vec<Section>,
+    /// `[[source]]` tables, in order.
+    pub sources: Vec<Section>,
 }
 
 /// One setting: its key, its value as text (substituted), its line.
@@ -69,6 +73,8 @@ pub struct Keys<'a> {
     pub destination: &'a [&'a str],
     /// Keys of a `[[route]]`.
     pub route: &'a [&'a str],
+    /// Keys of a `[[source]]`.
+    pub source: &'a [&'a str],
 }
 
 /// Something wrong in the file: `path:line: what`.
@@ -96,6 +102,10 @@ pub enum Scope {
     DestinationNumber(usize),
     /// A `[[route]]`, numbered from 1.
     Route(usize),
+    /// A `[[source]]`, by name.
+    Source(String),
+    /// A `[[source]]` without a usable name, numbered from 1.
+    SourceNumber(usize),
 }
 
 impl fmt::Display for Scope {
@@ -105,6 +115,8 @@ impl fmt::Display for Scope {
             Scope::Destination(name) => write!(f, "destination \"{name}\": "),
             Scope::DestinationNumber(number) => write!(f, "destination {number}: "),
             Scope::Route(number) => write!(f, "route {number}: "),
+            Scope::Source(name) => write!(f, "source \"{name}\": "),
+            Scope::SourceNumber(number) => write!(f, "source {number}: "),
         }
     }
 }
@@ -137,6 +149,7 @@ impl ConfigFile {
             settings: Vec::new(),
             destinations: Vec::new(),
             routes: Vec::new(),
+            sources: Vec::new(),
         };
         for (key, value) in document.get_ref() {
             let line = reader.line(key.span().start);
@@ -150,6 +163,11 @@ impl ConfigFile {
                 ROUTE => {
                     file.routes =
                         reader.sections(value, ROUTE, keys.route, |number, _| Scope::Route(number))?
+                }
+                SOURCE => {
+                    file.sources = reader.sections(value, SOURCE, keys.source, |number, _| {
+                        Scope::SourceNumber(number)
+                    })?
                 }
                 name => {
                     reader.known(&Scope::Top, line, name, keys.top)?;
@@ -233,11 +251,16 @@ impl Reader<'_> {
                 ));
             };
             let mut scope = scope_of(index + 1, entries);
-            // Messages name a destination by its name once it has one.
-            if name == DESTINATION {
+            // Messages name a destination or a source by its name once it
+            // has one.
+            if name == DESTINATION || name == SOURCE {
                 if let Some((_, value)) = entries.iter().find(|(key, _)| key.get_ref() == "name") {
                     if let DeValue::String(text) = value.get_ref() {
-                        scope = Scope::Destination(text.to_string());
+                        scope = if name == DESTINATION {
+                            Scope::Destination(text.to_string())
+                        } else {
+                            Scope::Source(text.to_string())
+                        };
                     }
                 }
             }
@@ -359,7 +382,8 @@ mod tests {
     const KEYS: Keys<'static> = Keys {
         top: &["batch_size", "database_url", "workers"],
         destination: &["name", "sink", "sqs_queue_url", "amqp_url"],
-        route: &["event_type", "destination"],
+        route: &["event_type", "destination", "source"],
+        source: &["name", "database_url", "batch_size"],
     };
 
     fn env(name: &str) -> Option<String> {
@@ -401,6 +425,35 @@ mod tests {
         assert_eq!(
             file.routes[0].get("event_type").map(|e| e.value.as_str()),
             Some("order.*")
+        );
+    }
+
+    #[test]
+    fn sources_are_read_with_their_lines_and_named_in_errors() {
+        let file = parse(
+            "workers = 2\n\n[[source]]\nname = \"orders\"\ndatabase_url = \"${SECRET_URL}\"\n\n\
+             [[source]]\nname = \"billing\"\nbatch_size = 50\n",
+        )
+        .expect("valid file");
+        assert_eq!(file.sources.len(), 2);
+        assert_eq!(file.sources[0].line, 3);
+        assert_eq!(
+            file.sources[0]
+                .get("database_url")
+                .map(|e| (e.value.as_str(), e.line)),
+            Some(("amqp://u:p@broker/%2f", 5))
+        );
+        assert_eq!(
+            file.sources[1].get("batch_size").map(|e| e.value.as_str()),
+            Some("50")
+        );
+        assert_eq!(
+            error("[[source]]\nname = \"orders\"\ndatabase_ulr = \"x\"\n"),
+            "relay.toml:3: source \"orders\": database_ulr: unknown key (did you mean database_url?)"
+        );
+        assert_eq!(
+            error("[[source]]\nworkers = 1\n"),
+            "relay.toml:2: source 1: workers: unknown key"
         );
     }
 

@@ -19,7 +19,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::Outage;
-use crate::metrics::Metrics;
+use crate::metrics::SourceMetrics;
 use crate::store::{GaugeReading, Store, StoreError};
 
 /// How often the gauges are refreshed: well inside a 15 s scrape interval,
@@ -41,7 +41,7 @@ pub fn max_age(every: Duration) -> Duration {
 /// ones right now) leave those gauges, and the refresh time, as they were.
 pub async fn refresh(
     store: &Store,
-    metrics: &Metrics,
+    metrics: &SourceMetrics,
     max_age: Duration,
 ) -> Result<GaugeReading, StoreError> {
     let reading = store.refresh_gauges(max_age).await?;
@@ -63,7 +63,7 @@ pub async fn refresh(
 /// zero would read as "no backlog" exactly when there may be one, and
 /// `/readyz` and the relay-down alert already report the outage. The
 /// refresh time stops advancing, which the stale-gauges alert watches.
-pub async fn run(store: Arc<Store>, metrics: Arc<Metrics>, every: Duration, shutdown: CancellationToken) {
+pub async fn run(store: Arc<Store>, metrics: SourceMetrics, every: Duration, shutdown: CancellationToken) {
     let mut outage = Outage::new("gauges");
     let mut ticker = tokio::time::interval(every);
     // After a slow query, wait a full interval rather than firing a burst.

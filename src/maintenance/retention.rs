@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use super::Outage;
-use crate::metrics::Metrics;
+use crate::metrics::SourceMetrics;
 use crate::relay::CatchUp;
 use crate::settings::{parse_duration, var, ConfigError};
 use crate::store::{RetentionBatch, Store, StoreError};
@@ -101,7 +101,7 @@ pub async fn run_pass(
     store: &Store,
     retention: Duration,
     batch_size: i64,
-    metrics: &Metrics,
+    metrics: &SourceMetrics,
     catch_up: &CatchUp,
     shutdown: &CancellationToken,
 ) -> Result<Pass, StoreError> {
@@ -141,7 +141,7 @@ pub async fn run_pass(
 pub async fn run(
     store: Arc<Store>,
     retention: Option<Duration>,
-    metrics: Arc<Metrics>,
+    metrics: SourceMetrics,
     catch_up: Arc<CatchUp>,
     shutdown: CancellationToken,
 ) {

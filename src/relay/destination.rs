@@ -19,8 +19,9 @@ use futures::FutureExt;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use prometheus_client::metrics::gauge::Gauge;
+
 use super::health::DestinationHealth;
-use crate::metrics::DestinationMetrics;
 use crate::outage::{retry_delays, Outage, MAX_RETRY_DELAY};
 use crate::sink::{Sink, SinkError};
 
@@ -32,8 +33,8 @@ pub struct Destination {
     pub sink: Arc<dyn Sink>,
     /// What its batches said of its broker.
     pub health: DestinationHealth,
-    /// Its publishing metrics.
-    pub metrics: DestinationMetrics,
+    /// `outbox_destination_ready` of this destination.
+    pub ready: Gauge,
     gate: Mutex<GateState>,
     outage: Mutex<Outage>,
     check_timeout: Duration,
@@ -79,29 +80,20 @@ struct GateState {
 }
 
 impl Destination {
-    /// A destination publishing through `sink`; a check that takes longer
-    /// than `check_timeout` counts as failed.
-    pub fn new(
-        name: String,
-        sink: Arc<dyn Sink>,
-        metrics: DestinationMetrics,
-        check_timeout: Duration,
-    ) -> Self {
+    /// A destination publishing through `sink`, its readiness shown by
+    /// `ready`; a check that takes longer than `check_timeout` counts as
+    /// failed.
+    pub fn new(name: String, sink: Arc<dyn Sink>, ready: Gauge, check_timeout: Duration) -> Self {
         Self {
             outage: Mutex::new(Outage::new(format!("destination {name} ({})", sink.kind()))),
             name,
             sink,
             health: DestinationHealth::default(),
-            metrics,
+            ready,
             gate: Mutex::default(),
             check_timeout,
             checked: Arc::default(),
         }
-    }
-
-    /// Wakes `checked` whenever a check that was under way ends.
-    pub(super) fn notify_checks(&mut self, checked: Arc<Notify>) {
-        self.checked = checked;
     }
 
     /// Asks the sink whether it is ready, without waiting for an answer
@@ -125,12 +117,18 @@ impl Destination {
                 None => {
                     let sink = self.sink.clone();
                     let timeout = self.check_timeout;
+                    let checked = self.checked.clone();
                     state.gate = Gate::Checking(tokio::spawn(async move {
-                        tokio::time::timeout(timeout, sink.ready())
+                        let answer = tokio::time::timeout(timeout, sink.ready())
                             .await
                             .unwrap_or_else(|_| {
                                 Err(SinkError("no answer within OUTBOX_PUBLISH_TIMEOUT".to_owned()))
-                            })
+                            });
+                        // Workers with nothing else to claim look again
+                        // now rather than at their next poll (the handle
+                        // may be a moment from finished: they poll then).
+                        checked.notify_waiters();
+                        answer
                     }));
                     return Readiness::Checking;
                 }
@@ -161,6 +159,43 @@ impl Destination {
                 }
             }
         }
+    }
+}
+
+/// The destinations of a relay process, shared by the relays of all its
+/// sources: a broker's state (reachable, deferring batches) is the same
+/// whichever database a row comes from, so it is checked and probed once
+/// for all of them.
+#[derive(Clone)]
+pub struct Destinations {
+    list: Arc<[Destination]>,
+    checked: Arc<Notify>,
+}
+
+impl Destinations {
+    /// The destinations, in configuration order (routes index into it).
+    pub fn new(mut list: Vec<Destination>) -> Self {
+        let checked = Arc::new(Notify::new());
+        for destination in &mut list {
+            destination.checked = checked.clone();
+        }
+        Self {
+            list: list.into(),
+            checked,
+        }
+    }
+
+    /// Woken whenever a readiness check that was under way ends.
+    pub fn checked(&self) -> &Notify {
+        &self.checked
+    }
+}
+
+impl std::ops::Deref for Destinations {
+    type Target = [Destination];
+
+    fn deref(&self) -> &[Destination] {
+        &self.list
     }
 }
 

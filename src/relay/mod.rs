@@ -32,17 +32,17 @@ use uuid::Uuid;
 
 pub use catch_up::{CatchUp, CATCHING_UP_FOR};
 pub use decide::{decide, route_batch, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry, Routed};
-pub use destination::{Destination, Readiness};
+pub use destination::{Destination, Destinations, Readiness};
 pub use health::{BatchHealth, DestinationHealth, RelayHealth, Turn, PROBE_ROWS};
 pub use settings::RelaySettings;
 
 use crate::headers::batch_trace_ids;
 use crate::liveness::{stall_limit, Liveness, LoopBounds};
-use crate::metrics::Metrics;
+use crate::metrics::{DestinationMetrics, SourceMetrics};
 use crate::outage::{sleep_or_cancel, Availability, Outage, MAX_RETRY_DELAY};
 use crate::retry::Backoff;
 use crate::route::Router;
-use crate::sink::{Outcome, Sink};
+use crate::sink::Outcome;
 pub use crate::store::OnPublish;
 use crate::store::{ClaimBudget, Claimed, Ordering, RouteFilter, Store, StoreError};
 
@@ -93,6 +93,10 @@ const CHECK_POLL: Duration = Duration::from_millis(100);
 /// environment; a file's destination may not take it.
 pub const DEFAULT_DESTINATION: &str = "default";
 
+/// The name of the one source of a relay whose database the environment
+/// configures (no `[[source]]` tables): never shown as a label.
+pub const DEFAULT_SOURCE: &str = "default";
+
 /// Whether these destination names are the environment's one destination:
 /// a relay that answers (metrics, `/readyz`, `check`) as before routes.
 pub fn is_environment_only<'a>(mut names: impl Iterator<Item = &'a str>) -> bool {
@@ -103,7 +107,11 @@ pub fn is_environment_only<'a>(mut names: impl Iterator<Item = &'a str>) -> bool
 /// loop that moves rows along.
 pub struct Relay {
     store: Arc<Store>,
-    destinations: Arc<[Destination]>,
+    destinations: Destinations,
+    /// This source's publishing metrics for each destination, by index.
+    destination_metrics: Vec<DestinationMetrics>,
+    /// This source's own metrics (readiness of its database).
+    metrics: SourceMetrics,
     router: Router,
     /// The routes' globs as `LIKE` patterns, for the claims' route filter.
     route_patterns: Vec<String>,
@@ -115,8 +123,6 @@ pub struct Relay {
     health: Arc<RelayHealth>,
     /// Failures and quarantines of rows no destination was chosen for.
     unrouted: (Counter, Counter),
-    /// Woken when a destination's readiness check that was under way ends.
-    checked: Arc<Notify>,
 }
 
 /// What a worker claims next.
@@ -133,38 +139,22 @@ struct Plan {
 }
 
 impl Relay {
-    /// Assembles a relay publishing every row to one sink; nothing
-    /// connects until [`Relay::run`].
-    pub fn new(store: Arc<Store>, sink: Arc<dyn Sink>, config: RelayConfig, metrics: Arc<Metrics>) -> Self {
-        let destination = Destination::new(
-            DEFAULT_DESTINATION.to_owned(),
-            sink,
-            metrics.destination(None),
-            config.publish_timeout,
-        );
-        Self::routed(
-            store,
-            vec![destination],
-            Router::everything_to_one(),
-            config,
-            metrics,
-        )
-    }
-
-    /// Assembles a relay publishing to `destinations` as `router` says.
+    /// Assembles the relay of one source: rows of `store` published to
+    /// `destinations` as `router` says; nothing connects until
+    /// [`Relay::run`].
     pub fn routed(
         store: Arc<Store>,
-        mut destinations: Vec<Destination>,
+        destinations: Destinations,
         router: Router,
         config: RelayConfig,
-        metrics: Arc<Metrics>,
+        metrics: SourceMetrics,
     ) -> Self {
         // Only destinations from a file are named in the metrics.
         let labelled = !is_environment_only(destinations.iter().map(|destination| destination.name.as_str()));
-        let checked = Arc::new(Notify::new());
-        for destination in &mut destinations {
-            destination.notify_checks(checked.clone());
-        }
+        let destination_metrics = destinations
+            .iter()
+            .map(|destination| metrics.destination(labelled.then_some(destination.name.as_str())))
+            .collect();
         let route_patterns = router
             .routes()
             .iter()
@@ -172,7 +162,8 @@ impl Relay {
             .collect();
         Self {
             store,
-            destinations: destinations.into(),
+            destinations,
+            destination_metrics,
             router,
             route_patterns,
             liveness: Arc::new(Liveness::new(
@@ -189,7 +180,7 @@ impl Relay {
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
             unrouted: metrics.unrouted(labelled),
-            checked,
+            metrics,
         }
     }
 
@@ -207,11 +198,6 @@ impl Relay {
     /// reports.
     pub fn health(&self) -> Arc<RelayHealth> {
         self.health.clone()
-    }
-
-    /// The destinations, whose state `/readyz` reports.
-    pub fn destinations(&self) -> Arc<[Destination]> {
-        self.destinations.clone()
     }
 
     /// Whether the relay is catching up with a backlog, which retention
@@ -265,7 +251,7 @@ impl Relay {
             self.liveness.beat(worker);
             // Listening before the plan looks, so that a check ending in
             // between still wakes this worker.
-            let checked = self.checked.notified();
+            let checked = self.destinations.checked().notified();
             tokio::pin!(checked);
             checked.as_mut().enable();
             let plan = match self.plan() {
@@ -318,10 +304,12 @@ impl Relay {
                     confirmed.rows.clear();
                     db_state.succeeded();
                     self.health.claim_succeeded();
+                    self.metrics.ready.set(1);
                     batch
                 }
                 Err(e) => {
                     self.health.claim_failed(&e);
+                    self.metrics.ready.set(0);
                     if let Some(probed) = plan.probe {
                         self.destinations[probed].health.probe_abandoned();
                     }
@@ -415,7 +403,7 @@ impl Relay {
                     false
                 }
             };
-            destination.metrics.ready.set(i64::from(ready));
+            destination.ready.set(i64::from(ready));
         }
         if let Some(probed) = probe {
             let mut only = vec![false; count];
@@ -521,6 +509,7 @@ impl Relay {
         let mut settled = Vec::with_capacity(parts.len());
         for (index, events, outcomes) in parts {
             let destination = &self.destinations[index];
+            let metrics = &self.destination_metrics[index];
             let mut part = decide(&events, outcomes, self.config.max_attempts, &self.backoff());
             part.quarantine.extend(
                 routed
@@ -532,7 +521,7 @@ impl Relay {
             let published: HashSet<Uuid> = part.published.iter().map(|row| row.id).collect();
             for event in events.iter().filter(|event| published.contains(&event.id)) {
                 let lag = (confirmed_at - event.created_at).to_std().unwrap_or_default();
-                destination.metrics.lag.observe(lag.as_secs_f64());
+                metrics.lag.observe(lag.as_secs_f64());
             }
             // One line per destination and batch at warn: a broker refusing
             // everything must not turn into a line per row. Each row is at
@@ -546,14 +535,11 @@ impl Relay {
                 let trace_id = traces_of(&mut part.deferred.iter().map(|row| &row.id));
                 warn!(report = "publish_deferred", destination = %destination.name, rows = part.deferred.len(), %reason, trace_id, "the broker or the network failed the batch; rows will be published again, not charged an attempt");
             }
-            destination.metrics.published.inc_by(part.published.len() as u64);
+            metrics.published.inc_by(part.published.len() as u64);
             // Failed attempts are the rows' own; a deferral is the broker's.
             let failures = part.retry.len() + part.quarantine.len();
-            destination.metrics.failures.inc_by(failures as u64);
-            destination
-                .metrics
-                .quarantined
-                .inc_by(part.quarantine.len() as u64);
+            metrics.failures.inc_by(failures as u64);
+            metrics.quarantined.inc_by(part.quarantine.len() as u64);
             // A part the broker deferred more of than it published is an
             // answer every row would have got (a full queue, a refusal of
             // every request): the broker's state, not theirs. One row

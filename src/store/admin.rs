@@ -341,7 +341,7 @@ impl Store {
     ) -> Result<RetentionBatch, StoreError> {
         let sql = self.admin_sql().delete_retained;
         let table = self.table.quoted();
-        within(READ_TIMEOUT, async {
+        let batch = within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
             let tx = begin(&mut client, self.pooler, READ_TIMEOUT).await?;
             let session = Session::transaction(self.pooler, &tx);
@@ -359,7 +359,9 @@ impl Store {
             tx.commit().await?;
             Ok(RetentionBatch::Deleted(deleted))
         })
-        .await
+        .await;
+        self.note_write_result(&batch);
+        batch
     }
 
     async fn admin_write(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {

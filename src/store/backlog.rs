@@ -144,7 +144,7 @@ impl Store {
         let sql = self.admin_sql();
         let table = self.table.quoted();
         let key = self.table.name().to_owned();
-        within(READ_TIMEOUT, async {
+        let reading = within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;
             let tx = begin_backlog(&mut client, self.pooler).await?;
             let session = Session::transaction(self.pooler, &tx);
@@ -208,7 +208,9 @@ impl Store {
                 computed: true,
             })
         })
-        .await
+        .await;
+        self.note_write_result(&reading);
+        reading
     }
 }
 

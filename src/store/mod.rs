@@ -16,6 +16,7 @@ mod presence;
 mod settings;
 mod table;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -251,19 +252,53 @@ impl deadpool_postgres::Connect for TlsConnect {
         let pg = pg.clone();
         Box::pin(async move {
             let (client, connection) = self.0.connect(&pg).await?;
-            let task = tokio::spawn(async move {
+            // In the span of whoever opened it (its source's, with several),
+            // so the log says whose database failed.
+            let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
                 if let Err(e) = connection.await {
                     tracing::warn!(error = %with_causes(&e), "database connection failed");
                 }
-            });
+            }));
             Ok((client, task))
         })
+    }
+}
+
+/// When the relay last saw its database refuse a write as read-only.
+///
+/// A session opened on a read-only database (a standby a failover left the
+/// URL pointing at, or a database set `default_transaction_read_only`)
+/// stays read-only when the server becomes writable again: its
+/// `transaction_read_only` was settled when it began. So once a write is
+/// refused, every connection opened before that moment leaves the pool at
+/// its next checkout and is replaced by a new session. A connection opened
+/// while the database is still read-only is refused again and replaced
+/// again: the relay converges without a restart.
+#[derive(Debug, Default)]
+struct ReadOnlySeen(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl ReadOnlySeen {
+    fn note<T>(&self, result: &Result<T, StoreError>) {
+        if let Err(StoreError::Query(e)) = result {
+            if e.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION) {
+                *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some(std::time::Instant::now());
+            }
+        }
+    }
+
+    fn outdates(&self, created: std::time::Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_some_and(|seen| created <= seen)
     }
 }
 
 /// The outbox table, through a connection pool.
 pub struct Store {
     pool: Pool,
+    read_only_seen: Arc<ReadOnlySeen>,
     pooler: Pooler,
     table: TableName,
     sql: Statements,
@@ -321,6 +356,16 @@ impl Store {
         // statements that record outcomes then have the client's bound
         // only, which is harmless, as a late one matches its claim's
         // attempt or changes nothing.
+        let read_only_seen = Arc::new(ReadOnlySeen::default());
+        let builder = builder.pre_recycle(Hook::sync_fn({
+            let read_only_seen = read_only_seen.clone();
+            move |_, metrics| {
+                if read_only_seen.outdates(metrics.created) {
+                    return Err(HookError::message("opened before the database refused a write"));
+                }
+                Ok(())
+            }
+        }));
         let builder = match config.pooler {
             Pooler::None => builder.post_create(Hook::async_fn(|client, _| {
                 Box::pin(async move {
@@ -343,6 +388,7 @@ impl Store {
             .expect("pool has a runtime for its timeouts");
         Self {
             pool,
+            read_only_seen,
             pooler: config.pooler,
             table: config.table.clone(),
             sql: Statements::for_table(&config.table, 0),
@@ -527,7 +573,7 @@ impl Store {
         more: &[Param<'_>],
     ) -> Result<Claimed, StoreError> {
         let mut client = self.connection().await?;
-        bounded(async {
+        let claimed = bounded(async {
             let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
             let bytes = i64::try_from(budget.bytes).unwrap_or(i64::MAX);
             let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
@@ -568,7 +614,14 @@ impl Store {
             claimed.events.sort_by_key(|e| (e.created_at, e.id));
             Ok(claimed)
         })
-        .await
+        .await;
+        self.read_only_seen.note(&claimed);
+        claimed
+    }
+
+    /// Notes a write refused by a read-only database (see [`ReadOnlySeen`]).
+    pub(crate) fn note_write_result<T>(&self, result: &Result<T, StoreError>) {
+        self.read_only_seen.note(result);
     }
 
     /// Whether rows are ordered within an aggregate by the producer's
@@ -675,7 +728,10 @@ impl Store {
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         let client = self.connection().await?;
-        bounded(async { Ok(Session::client(self.pooler, &client).execute(sql, params).await?) }).await
+        let done =
+            bounded(async { Ok(Session::client(self.pooler, &client).execute(sql, params).await?) }).await;
+        self.read_only_seen.note(&done);
+        done
     }
 }
 

@@ -50,6 +50,10 @@
 //! of its own, and every delivery of an event came with the key of the
 //! destination its route names.
 //!
+//! One run has two sources: two relays each serve two databases
+//! (`[[source]]` tables), each with its producer and its route (see
+//! `sources.rs`).
+//!
 //! The chaos schedule comes from a seeded RNG; the seed is printed, and
 //! `OUTBOX_CRASH_SEED=<seed>` replays the same schedule (the interleaving
 //! with the processes still varies: it is timing).
@@ -62,6 +66,7 @@ mod common;
 mod chaos;
 mod consumers;
 mod producer;
+mod sources;
 mod verify;
 
 use std::collections::HashSet;

@@ -28,6 +28,19 @@ pub const EVENT_TYPE: &str = "chaos.test";
 /// Each row carries a W3C `traceparent` derived from its id (see
 /// [`traceparent`]), as a producer writes its current trace context.
 pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHandle<()> {
+    start_producer_of(db, scenario, ID_PREFIX)
+}
+
+/// What [`start_producer`] derives its ids from: `md5('chaos-' || n)`.
+pub const ID_PREFIX: &str = "chaos-";
+
+/// [`start_producer`] with ids derived from `id_prefix` instead, so that
+/// producers of several databases write distinct events.
+pub fn start_producer_of(
+    db: &TestDb,
+    scenario: &Scenario,
+    id_prefix: &'static str,
+) -> tokio::task::JoinHandle<()> {
     let url = db.url.clone();
     let (events, aggregates, unroutable_every) =
         (scenario.events, scenario.aggregates, scenario.unroutable_every);
@@ -49,13 +62,13 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
             let inserted = client
                 .execute(
                     "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, headers)
-                     SELECT md5('chaos-' || n)::uuid,
+                     SELECT md5($8::text || n)::uuid,
                             CASE WHEN $5::bigint > 0 AND n % $5::bigint = 0 THEN $6
                                  ELSE ($7::text[])[1 + n % cardinality($7::text[])] END,
                             'agg-' || (n % $3),
                             jsonb_build_object('n', n), $4::timestamptz + n * interval '1 millisecond',
                             jsonb_build_object('traceparent',
-                                '00-' || md5('chaos-' || n) || '-' || left(md5('chaos-' || n), 16) || '-01')
+                                '00-' || md5($8::text || n) || '-' || left(md5($8::text || n), 16) || '-01')
                      FROM generate_series($1::bigint, $2::bigint) AS n
                      ON CONFLICT (id) DO NOTHING",
                     &[
@@ -66,6 +79,7 @@ pub fn start_producer(db: &TestDb, scenario: &Scenario) -> tokio::task::JoinHand
                         &unroutable_every,
                         &UNROUTABLE,
                         &event_types,
+                        &id_prefix,
                     ],
                 )
                 .await;
