@@ -48,7 +48,7 @@ ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxRelayR
 JOB_MATCHER = 'job="outbox-relay"'
 
 # The relay's fixed bounds the chart derives its timings from (templates/_sizing.tpl).
-READYZ_SECONDS = 2 * 3 + 1           # database then sink, 3 s each, + 1 s
+READYZ_SECONDS = 2 * 3 + 1           # database and sink, 3 s each, + 1 s
 STOP_EXTRA_SECONDS = 2 + 30 + 10 + 2  # sink grace, record statement, its retries, HTTP drain
 GRACE_MARGIN_SECONDS = 6
 MIB = 1024 * 1024
@@ -610,7 +610,7 @@ def check_chart_render(docs, values, label, release="ci", namespace="default"):
             # Point 4: the readiness timeout covers what /readyz may take.
             ready = relay["readinessProbe"].get("timeoutSeconds")
             check(ready == readiness_timeout(values) and ready >= READYZ_SECONDS, w,
-                  f"readinessProbe.timeoutSeconds must be {readiness_timeout(values)} (at least {READYZ_SECONDS}: database then sink, 3 s each), got {ready}")
+                  f"readinessProbe.timeoutSeconds must be {readiness_timeout(values)} (at least {READYZ_SECONDS}: database and sink, 3 s each), got {ready}")
             # Point 3: memory request = limit >= the sizing rule.
             check_resources(relay.get("resources"), w, memory_need(values))
             check_security(pod, relay, w)

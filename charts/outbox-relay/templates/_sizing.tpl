@@ -6,9 +6,10 @@ period and memory") has the same arithmetic; .ci/deploy_checks.py redoes it.
 */}}
 
 {{/*
-Seconds /readyz may take: it asks the database and then the sink, each
-bounded by 3 s (src/http.rs, PROBE_TIMEOUT), plus 1 s for the answer to
-travel. A probe timeout below it turns a slow but healthy dependency into
+Seconds /readyz may take: it asks the database(s) and the sink(s), each
+bounded by 3 s (src/http.rs, PROBE_TIMEOUT): 6 s if one waits for the other
+(they are asked together today; the bound does not rest on that), plus 1 s
+for the answer to travel. A probe timeout below it turns a slow but healthy dependency into
 an unready pod.
 */}}
 {{- define "outbox-relay.readyzSeconds" -}}7{{- end }}
@@ -118,7 +119,7 @@ probe waits for /readyz, the liveness probe outlasts a slow publish.
 {{- $ready := include "outbox-relay.readinessTimeout" . | int64 }}
 {{- $readyz := include "outbox-relay.readyzSeconds" . | int64 }}
 {{- if lt $ready $readyz }}
-{{- fail (printf "readinessProbe.timeoutSeconds=%d is below the %ds /readyz may take (the database, then the sink, 3 s each, + 1 s): a slow but working dependency would make the pod unready. Leave it empty to derive it" $ready $readyz) }}
+{{- fail (printf "readinessProbe.timeoutSeconds=%d is below the %ds /readyz may take (the database and the sink, 3 s each, + 1 s): a slow but working dependency would make the pod unready. Leave it empty to derive it" $ready $readyz) }}
 {{- end }}
 {{- $liveness := mul (int64 .Values.livenessProbe.periodSeconds) (int64 .Values.livenessProbe.failureThreshold) }}
 {{- if le $liveness $timeout }}
