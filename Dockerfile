@@ -2,18 +2,29 @@
 
 # outbox-relay image: the release binary on Debian slim, run as a
 # non-root user. Build with `docker build -t outbox-relay .` (BuildKit).
+#
+# Base images. The builder runs the Rust version the crate declares
+# (Cargo.toml rust-version; .ci/deploy-checks keeps the two equal). Both
+# bases are pinned by digest once the digests are recorded below: run
+# deploy/pin-base-images where a registry is reachable (it resolves the
+# tags and writes the digests here), or pass --build-arg
+# RUST_IMAGE_DIGEST=sha256:... RUNTIME_IMAGE_DIGEST=sha256:... . Empty, the
+# tags alone are used (deploy-checks says so; REQUIRE_PINNED_DIGESTS=1 makes
+# that an error, for release builds).
+ARG RUST_VERSION=1.89
+ARG RUST_IMAGE_DIGEST=
+ARG RUNTIME_IMAGE_DIGEST=
 
 # --- build -----------------------------------------------------------------
 # Bookworm, like the runtime base below: the binary links against the glibc
 # of the image it is built in, so the two Debian releases must match.
-ARG RUST_VERSION=1
-FROM rust:${RUST_VERSION}-slim-bookworm AS build
+FROM rust:${RUST_VERSION}-slim-bookworm${RUST_IMAGE_DIGEST:+@${RUST_IMAGE_DIGEST}} AS build
 # The Kafka sink compiles librdkafka from its C source: its configure script
 # wants a C++ compiler (g++) besides the image's gcc, then make; pkg-config
 # and the OpenSSL headers let it and openssl-sys find OpenSSL, which the
 # binary links dynamically (libssl3 in the runtime image). zstd and zlib are
 # compiled from source by their crates. Not pinned, like ca-certificates
-# below: the base image tag is the pin that matters.
+# below: the base image (its tag, and its digest once pinned) is what pins.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ make pkg-config libssl-dev \
@@ -34,10 +45,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 # Debian slim of the same release as the builder (glibc must match), plus CA
 # certificates for SQS and TLS brokers, and OpenSSL 3 (libssl3: libssl.so.3
 # and libcrypto.so.3), which librdkafka, the Kafka sink's client, links
-# dynamically for TLS and SCRAM; nothing else is installed.
-FROM debian:bookworm-slim
+# dynamically for TLS and SCRAM; nothing else is installed. (A distroless
+# "cc" Debian 12 base carries the same glibc, libssl3 and CA certificates
+# without a shell or apt: docs/deployment.md, "Image", says why it is not
+# the default yet.)
+FROM debian:bookworm-slim${RUNTIME_IMAGE_DIGEST:+@${RUNTIME_IMAGE_DIGEST}}
 # Not pinned: Debian replaces old versions in its archive, so a pin would
-# break the build; the base image tag is the pin that matters.
+# break the build; the base image (tag and digest) is what pins.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libssl3 \

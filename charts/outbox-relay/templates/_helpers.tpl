@@ -110,14 +110,8 @@ Deployment, so every render runs them.
 */}}
 {{- define "outbox-relay.validate" -}}
 {{- $c := .Values.config }}
-{{- $timeout := include "outbox-relay.durationSeconds" $c.OUTBOX_PUBLISH_TIMEOUT | int64 }}
-{{- if le (int64 .Values.terminationGracePeriodSeconds) $timeout }}
-{{- fail (printf "terminationGracePeriodSeconds=%v must be greater than config.OUTBOX_PUBLISH_TIMEOUT (%s = %ds): a relay stopping must be able to finish its in-flight batch" .Values.terminationGracePeriodSeconds $c.OUTBOX_PUBLISH_TIMEOUT $timeout) }}
-{{- end }}
-{{- $liveness := mul (int64 .Values.livenessProbe.periodSeconds) (int64 .Values.livenessProbe.failureThreshold) }}
-{{- if le $liveness $timeout }}
-{{- fail (printf "livenessProbe.periodSeconds x failureThreshold = %ds must be greater than config.OUTBOX_PUBLISH_TIMEOUT (%ds), or the kubelet may kill a relay waiting on a slow publish" $liveness $timeout) }}
-{{- end }}
+{{- include "outbox-relay.validateSources" . }}
+{{- include "outbox-relay.validateExtraEnv" . }}
 {{- if .Values.configFile }}
 {{- include "outbox-relay.validateConfigFile" . }}
 {{- end }}
@@ -142,6 +136,9 @@ Deployment, so every render runs them.
 {{- include "outbox-relay.validateKafka" . }}
 {{- end }}
 {{- end }}
+{{- /* The sizes and timings last: they follow the settings checked above. */}}
+{{- include "outbox-relay.validateTimings" . }}
+{{- include "outbox-relay.validateMemory" . }}
 {{- end }}
 
 {{/*
@@ -178,13 +175,28 @@ values. Only with OUTBOX_SINK=kafka, the one case the relay reads them.
 {{- end }}
 
 {{/*
-The relay's configuration file (configFile), as TOML. Helm reads every YAML
-number of a values file as float64, which toToml writes as 200.0, and the
-relay takes counts as integers: whole numbers are written back as such.
+TOML of a dict given as YAML text. Helm reads every YAML number of a values
+file as float64, which toToml writes as 200.0, and the relay takes counts as
+integers: whole numbers are written back as such.
+*/}}
+{{- define "outbox-relay.toml" -}}
+# Written by the Helm chart from its configFile and sources values.
+{{ regexReplaceAll "(?m)^(\\s*[A-Za-z0-9_.\"-]+ = -?[0-9]+)\\.0$" (toToml (fromYaml .)) "${1}" }}
+{{- end }}
+
+{{/*
+The relay's configuration file: configFile, with a [[source]] table for each
+of sources.
 */}}
 {{- define "outbox-relay.configToml" -}}
-# Written by the Helm chart from its configFile value.
-{{ regexReplaceAll "(?m)^(\\s*[A-Za-z0-9_.\"-]+ = -?[0-9]+)\\.0$" (toToml .Values.configFile) "${1}" }}
+{{- include "outbox-relay.toml" (include "outbox-relay.fileValues" .) }}
+{{- end }}
+
+{{/*
+"true" when the relay pods get a configuration file.
+*/}}
+{{- define "outbox-relay.hasFile" -}}
+{{- if or .Values.configFile .Values.sources }}true{{ end }}
 {{- end }}
 
 {{- define "outbox-relay.configDir" -}}
@@ -225,17 +237,25 @@ setting has one place.
 {{- define "outbox-relay.validateConfigFile" -}}
 {{- $file := .Values.configFile }}
 {{- $routed := include "outbox-relay.routed" . }}
-{{- $setBy := dict "OUTBOX_DATABASE_URL" "database.existingSecret" }}
+{{- $setBy := dict }}
+{{- if not .Values.sources }}
+{{- $_ := set $setBy "OUTBOX_DATABASE_URL" "database.existingSecret" }}
 {{- if .Values.database.listenSecretKey }}{{ $_ := set $setBy "OUTBOX_LISTEN_DATABASE_URL" "database.listenSecretKey" }}{{ end }}
+{{- end }}
 {{- if .Values.amqp.existingSecret }}{{ $_ := set $setBy "OUTBOX_AMQP_URL" "amqp.existingSecret" }}{{ end }}
 {{- if .Values.nats.existingSecret }}{{ $_ := set $setBy "OUTBOX_NATS_URL" "nats.existingSecret" }}{{ end }}
 {{- if .Values.kafka.existingSecret }}{{ $_ := set $setBy "OUTBOX_KAFKA_SASL_PASSWORD" "kafka.existingSecret" }}{{ end }}
 {{- if and .Values.nats.credsSecret (not $routed) }}{{ $_ := set $setBy "OUTBOX_NATS_CREDS_FILE" "nats.credsSecret" }}{{ end }}
 {{- range .Values.extraEnv }}{{ $_ := set $setBy (toString .name) "extraEnv" }}{{ end }}
+{{- if hasKey $file "source" }}
+{{- fail "configFile.source: list the sources in the chart's sources value instead: it writes their [[source]] tables, gives each its database URL from its Secret, and scopes their alerts" }}
+{{- end }}
 {{- range $key, $value := $file }}
 {{- if not (has $key (list "destination" "route")) }}
 {{- $var := printf "OUTBOX_%s" (upper $key) }}
-{{- if has $key (list "http_addr" "publish_timeout") }}
+{{- if and $.Values.sources (has $key (list "database_url" "table" "database_pooler" "listen_database_url")) }}
+{{- fail (printf "configFile.%s: with sources, each source's database settings go in its entry of sources (the relay refuses top-level database keys beside [[source]] tables)" $key) }}
+{{- else if has $key (list "http_addr" "publish_timeout") }}
 {{- fail (printf "configFile.%s: set config.%s instead: the chart derives the pods' port and probes, and its checks of terminationGracePeriodSeconds and the liveness probe, from config" $key $var) }}
 {{- else if and $routed (include "outbox-relay.isSinkVar" $var) }}
 {{- fail (printf "configFile.%s: a sink setting at the top level of a file with configFile.destination; it belongs in a destination" $key) }}
@@ -279,60 +299,11 @@ setting has one place.
 {{- end }}
 
 {{/*
-The relay's environment but for OUTBOX_DATABASE_URL (which the Deployment and
-the migrate Job may take from different Secrets), shared by both so that they
-validate the same configuration. Empty config values are left out: the
-relay's own default applies.
-*/}}
-{{- define "outbox-relay.env" -}}
-{{- if .Values.amqp.existingSecret }}
-- name: OUTBOX_AMQP_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.amqp.existingSecret }}
-      key: {{ .Values.amqp.secretKey }}
-{{- end }}
-{{- if .Values.nats.existingSecret }}
-- name: OUTBOX_NATS_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.nats.existingSecret }}
-      key: {{ .Values.nats.secretKey }}
-{{- end }}
-{{- if .Values.kafka.existingSecret }}
-- name: OUTBOX_KAFKA_SASL_PASSWORD
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.kafka.existingSecret }}
-      key: {{ .Values.kafka.passwordKey }}
-{{- end }}
-{{- $routed := include "outbox-relay.routed" . }}
-{{- if and .Values.nats.credsSecret (not $routed) }}
-- name: OUTBOX_NATS_CREDS_FILE
-  value: {{ printf "%s/%s" (trimSuffix "/" .Values.nats.credsMountPath) .Values.nats.credsKey | quote }}
-{{- end }}
-{{- if .Values.configFile }}
-- name: OUTBOX_CONFIG
-  value: {{ include "outbox-relay.configPath" . | quote }}
-{{- end }}
-{{- range $name, $value := .Values.config }}
-{{- if and (ne (include "outbox-relay.envValue" $value) "") (not (and $routed (include "outbox-relay.isSinkVar" $name))) }}
-- name: {{ $name }}
-  value: {{ include "outbox-relay.envValue" $value | quote }}
-{{- end }}
-{{- end }}
-{{- with .Values.extraEnv }}
-{{ toYaml . }}
-{{- end }}
-{{- end }}
-
-{{/*
-The certificate files of tls.existingSecret, and the NATS credentials file
-of nats.credsSecret: the pod volumes and the container mounts, shared by the
-Deployment and the migrate Job so that both find the files the settings
-name (the Job validates the same configuration). World-readable inside the pod: the
-relay runs as a non-root user the Secret's files would otherwise not be
-readable by, and it is the only process in its container.
+The certificate files of tls.existingSecret: the pod volume and the
+container mount, shared by the Deployment and the migrate Job (the database
+URL's sslrootcert, sslcert and sslkey name them). World-readable inside the
+pod: the relay runs as a non-root user the Secret's files would otherwise
+not be readable by, and it is the only process in its container.
 */}}
 {{- define "outbox-relay.tlsVolume" -}}
 {{- if .Values.tls.existingSecret }}
@@ -341,6 +312,21 @@ readable by, and it is the only process in its container.
     secretName: {{ .Values.tls.existingSecret }}
     defaultMode: 0444
 {{- end }}
+{{- end }}
+
+{{- define "outbox-relay.tlsMount" -}}
+{{- if .Values.tls.existingSecret }}
+- name: tls
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The NATS credentials file of nats.credsSecret, for the relay pods only: the
+migrate Job talks to no broker.
+*/}}
+{{- define "outbox-relay.natsVolume" -}}
 {{- if .Values.nats.credsSecret }}
 - name: nats-creds
   secret:
@@ -352,12 +338,7 @@ readable by, and it is the only process in its container.
 {{- end }}
 {{- end }}
 
-{{- define "outbox-relay.tlsMount" -}}
-{{- if .Values.tls.existingSecret }}
-- name: tls
-  mountPath: {{ .Values.tls.mountPath }}
-  readOnly: true
-{{- end }}
+{{- define "outbox-relay.natsMount" -}}
 {{- if .Values.nats.credsSecret }}
 - name: nats-creds
   mountPath: {{ .Values.nats.credsMountPath }}
@@ -367,12 +348,13 @@ readable by, and it is the only process in its container.
 
 {{/*
 The configuration file's volume and mount, for the Deployment (ConfigMap
-<fullname>-config) and the migrate Job (its hook copy, <fullname>-migrate-config,
-which exists before the release's own objects do). Called with a dict: root
-(the chart's context) and configMap (the name).
+<fullname>-config) and the migrate Job (<fullname>-migrate-config, its
+database part, a hook that exists before the release's own objects do).
+Called with a dict: root (the chart's context), enabled (whether the pod
+has a file) and configMap (the name).
 */}}
 {{- define "outbox-relay.configVolume" -}}
-{{- if .root.Values.configFile }}
+{{- if .enabled }}
 - name: config
   configMap:
     name: {{ .configMap }}
@@ -381,9 +363,9 @@ which exists before the release's own objects do). Called with a dict: root
 {{- end }}
 
 {{- define "outbox-relay.configMount" -}}
-{{- if .Values.configFile }}
+{{- if .enabled }}
 - name: config
-  mountPath: {{ include "outbox-relay.configDir" . }}
+  mountPath: {{ include "outbox-relay.configDir" .root }}
   readOnly: true
 {{- end }}
 {{- end }}
