@@ -399,7 +399,8 @@ def cmd_rules(out):
     rules = []
     for i, (where, expr) in enumerate(queries(dashboard)):
         concrete = substitute(expr)
-        check("$" not in concrete, where, f"a variable is left after substitution: {concrete}")
+        # ("$1" of label_replace is a capture group, not a variable.)
+        check(not VARIABLE_REF.search(concrete), where, f"a variable is left after substitution: {concrete}")
         rules.append({"record": f"dashboard:query_{i}", "expr": concrete, "labels": {"where": where}})
     Path(out).write_text(json.dumps({"groups": [{"name": "dashboard-queries", "rules": rules}]}, indent=2))
     return finish(f"{len(rules)} dashboard queries written to {out} for promtool")
