@@ -6,7 +6,7 @@
 RENDER_DIR holds the chart rendered by `helm template` (see deploy-checks):
   default.yaml          default values (newest Kubernetes)
   default-k125.yaml     default values for Kubernetes 1.25 (the oldest supported)
-  rules-default.yaml    default values plus prometheusRule/serviceMonitor enabled
+  rules-default.yaml    default values plus prometheusRule/serviceMonitor/grafanaDashboard enabled
   full.yaml             ci/full-values.yaml (every setting non-default)
   kafka.yaml            ci/kafka-values.yaml (the Kafka sink with SASL over TLS)
   routes.yaml           ci/routes-values.yaml (configFile: two destinations, two routes)
@@ -41,6 +41,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "outbox-relay"
 RULES_FILE = CHART / "files" / "outbox-relay.rules.yml"
+DASHBOARD_FILE = ROOT / "deploy" / "grafana" / "outbox-relay.json"
+DASHBOARD_COPY = CHART / "files" / "outbox-relay.json"
 OPERATIONS = ROOT / "docs" / "operations.md"
 AGE_ALERT = "OutboxOldestUnpublishedAgeHigh"
 ALERTS = {AGE_ALERT, "OutboxQuarantinedEvents", "OutboxRelayDown", "OutboxRelayReplicaDown",
@@ -687,11 +689,57 @@ def check_chart_render(docs, values, label, release="ci", namespace="default"):
 
     check_config_file(kinds, values, name, where)
     check_network_policy(kinds, values, where, pod_labels, http_port)
+    check_grafana_dashboard(kinds, values, where, name, namespace)
 
     rules = kinds.get("PrometheusRule", [])
     check(len(rules) == (1 if values["prometheusRule"]["enabled"] else 0), where,
           f"PrometheusRule must exist exactly when prometheusRule.enabled ({len(rules)} found)")
     return rules[0] if rules else None
+
+
+def check_grafana_dashboard(kinds, values, where, name, namespace):
+    """The dashboard ConfigMap: there exactly with grafanaDashboard.enabled,
+    in its namespace, with the sidecar's label, the values' labels and
+    annotations, and deploy/grafana/outbox-relay.json as it is: byte for
+    byte without prometheusRule.runbookUrl, and with it, the same dashboard
+    with only its runbook_url constant set to that address."""
+    values_gd = values["grafanaDashboard"]
+    maps = [m for m in kinds.get("ConfigMap", []) if m["metadata"]["name"] == f"{name}-dashboard"]
+    if not check(len(maps) == (1 if values_gd["enabled"] else 0), where,
+                 f"ConfigMap {name}-dashboard must exist exactly when grafanaDashboard.enabled ({len(maps)} found)") or not maps:
+        return
+    w = f"{where} ConfigMap {name}-dashboard"
+    meta = maps[0]["metadata"]
+    want_namespace = values_gd.get("namespace") or namespace
+    check(meta.get("namespace") == want_namespace, w, f"namespace must be {want_namespace}, got {meta.get('namespace')}")
+    labels = meta.get("labels") or {}
+    if values_gd.get("label"):
+        check(labels.get(values_gd["label"]) == env_string(values_gd["labelValue"]), w,
+              f"the sidecar's label {values_gd['label']}={env_string(values_gd['labelValue'])!r} is missing, labels {labels}")
+    check(set((values_gd.get("labels") or {}).items()) <= set(labels.items()), w,
+          f"must carry grafanaDashboard.labels {values_gd.get('labels')}, got {labels}")
+    check((meta.get("annotations") or {}) == (values_gd.get("annotations") or {}), w,
+          f"annotations must be grafanaDashboard.annotations, got {meta.get('annotations')}")
+    data = maps[0].get("data") or {}
+    if not check(list(data) == ["outbox-relay.json"], w, f"data must be one key, outbox-relay.json, got {sorted(data)}"):
+        return
+    text, file_text = data["outbox-relay.json"], DASHBOARD_FILE.read_text()
+    base = (values["prometheusRule"].get("runbookUrl") or "").rstrip("#")
+    if not base:
+        check(text == file_text.rstrip("\n"), w, f"must hold {DASHBOARD_FILE.relative_to(ROOT)} byte for byte")
+        return
+    want = json.loads(file_text)
+    for var in want["templating"]["list"]:
+        if var["name"] == "runbook_url":
+            var.update(query=base, current={"text": base, "value": base, "selected": True},
+                       options=[{"text": base, "value": base, "selected": True}])
+    try:
+        got = json.loads(text)
+    except json.JSONDecodeError as error:
+        check(False, w, f"outbox-relay.json is not JSON: {error}")
+        return
+    check(got == want, w, f"must be {DASHBOARD_FILE.relative_to(ROOT)} with its runbook_url constant set to "
+          f"prometheusRule.runbookUrl ({base}) and nothing else changed")
 
 
 def broker_ports(values):
@@ -1351,7 +1399,10 @@ def main():
     default_docs = load_all(render_dir / "default.yaml")
     check_chart_render(default_docs, chart_values, "default values")
     check_pdb_versions(default_docs, load_all(render_dir / "default-k125.yaml"))
-    rules_default_values = deep_merge(chart_values, {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}})
+    rules_default_values = deep_merge(chart_values, {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True},
+                                                     "grafanaDashboard": {"enabled": True}})
+    check(DASHBOARD_COPY.read_bytes() == DASHBOARD_FILE.read_bytes(), str(DASHBOARD_COPY.relative_to(ROOT)),
+          f"must be a copy of {DASHBOARD_FILE.relative_to(ROOT)}, which the chart ships")
     renders = [
         ("prometheusRule enabled", rules_default_values, "rules-default", "ci", "default"),
         ("ci/full-values.yaml", ci_values("full-values.yaml"), "full", "ci", "default"),
