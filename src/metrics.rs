@@ -246,6 +246,7 @@ impl Metrics {
             "Unix time by which every relay worker had last gone round its loop; /healthz answers 503 once it is too old",
             families.last_progress.clone(),
         );
+        registry.register_collector(Box::new(ProcessCollector));
         Self { registry, families }
     }
 
@@ -284,6 +285,88 @@ impl Metrics {
         // Writing into a String cannot fail.
         encode(&mut out, &self.registry).expect("encoding into a String");
         out
+    }
+}
+
+/// The process's own CPU time, resident memory and open file descriptors,
+/// read from `/proc/self` on each scrape under the names Prometheus's
+/// client libraries use, so that the usual dashboards and the relay's own
+/// show them without a node or cAdvisor exporter. Where there is no
+/// `/proc` (not Linux), nothing is written.
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// `/proc/<pid>/stat` counts CPU time in clock ticks of `USER_HZ`, which
+/// Linux fixes at 100 for everything it shows userspace.
+const USER_HZ: f64 = 100.0;
+
+impl ProcessCollector {
+    fn cpu_seconds() -> Option<f64> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // The fields after the command name, which is in parentheses and
+        // may itself hold spaces: utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+        let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / USER_HZ)
+    }
+
+    fn resident_bytes() -> Option<i64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let kib: i64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
+    fn open_fds() -> Option<i64> {
+        Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as i64)
+    }
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        if let Some(seconds) = Self::cpu_seconds() {
+            let counter = ConstCounter::new(seconds);
+            let metric = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time of the relay process",
+                None,
+                counter.metric_type(),
+            )?;
+            counter.encode(metric)?;
+        }
+        if let Some(bytes) = Self::resident_bytes() {
+            let gauge = ConstGauge::new(bytes);
+            let metric = encoder.encode_descriptor(
+                "process_resident_memory_bytes",
+                "Resident memory of the relay process",
+                None,
+                gauge.metric_type(),
+            )?;
+            gauge.encode(metric)?;
+        }
+        if let Some(fds) = Self::open_fds() {
+            let gauge = ConstGauge::new(fds);
+            let metric = encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors of the relay process (connections included)",
+                None,
+                gauge.metric_type(),
+            )?;
+            gauge.encode(metric)?;
+        }
+        Ok(())
     }
 }
 
@@ -332,6 +415,21 @@ mod tests {
         assert!(text.contains("outbox_events_quarantined_total 1\n"), "{text}");
         assert!(!text.contains("destination="), "{text}");
         assert!(!text.contains("source="), "{text}");
+    }
+
+    #[test]
+    fn the_process_reports_its_cpu_memory_and_descriptors() {
+        let text = Metrics::new().render();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        };
+        assert!(text.contains("# TYPE process_cpu_seconds counter"), "{text}");
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        // A test binary holds a few MiB at least, and stdin/out/err.
+        assert!(value("process_resident_memory_bytes") > 1_000_000.0);
+        assert!(value("process_open_fds") >= 3.0);
     }
 
     #[test]
