@@ -149,15 +149,26 @@ impl DestinationHealth {
         }
     }
 
-    /// Records how a batch went (a probe or not).
-    pub fn batch_settled(&self, batch: BatchHealth) {
-        self.batch_settled_at(batch, Instant::now());
+    /// Records how a batch claimed at `claimed_at` went (a probe or not).
+    pub fn batch_settled(&self, batch: BatchHealth, claimed_at: Instant) {
+        self.settle(batch, claimed_at, Instant::now());
     }
 
+    #[cfg(test)]
     fn batch_settled_at(&self, batch: BatchHealth, now: Instant) {
+        self.settle(batch, now, now);
+    }
+
+    fn settle(&self, batch: BatchHealth, claimed_at: Instant, now: Instant) {
         let mut state = self.state();
         match (batch, state.deferring.as_mut()) {
             (BatchHealth::Answered, None) => {}
+            // A batch claimed before the outage began tells nothing of its
+            // end: on a queue that had room for part of the first batches
+            // (a stream's last 50 slots), the one that got its half in
+            // used to settle after its batch-mates were refused, end the
+            // outage, and send every worker back to full batches.
+            (BatchHealth::Answered, Some(deferring)) if claimed_at < deferring.since => {}
             (BatchHealth::Answered, Some(deferring)) => {
                 info!(
                     outage_secs = now.duration_since(deferring.since).as_secs_f64(),
@@ -247,9 +258,26 @@ mod tests {
     fn publishing_is_free_until_a_batch_is_deferred_whole() {
         let health = DestinationHealth::default();
         assert_eq!(health.turn(), Turn::Publish);
-        health.batch_settled(BatchHealth::Answered);
+        health.batch_settled(BatchHealth::Answered, Instant::now());
         assert_eq!(health.turn(), Turn::Publish);
         assert!(health.problem().is_none());
+    }
+
+    #[test]
+    fn a_batch_claimed_before_the_outage_does_not_end_it() {
+        let health = DestinationHealth::default();
+        let claimed = Instant::now();
+        let refused = claimed + Duration::from_millis(5);
+        health.settle(deferred(), claimed, refused);
+        // Claimed with the refused one, answered after it: stale news.
+        health.settle(BatchHealth::Answered, claimed, refused + Duration::from_millis(5));
+        assert!(health.problem().is_some(), "the outage goes on");
+        assert!(matches!(health.turn_at(refused), Turn::Wait(_)));
+        // A probe claimed since ends it.
+        let later = refused + Duration::from_secs(1);
+        assert_eq!(health.turn_at(later), Turn::Probe);
+        health.settle(BatchHealth::Answered, later, later);
+        assert_eq!(health.turn_at(later), Turn::Publish);
     }
 
     #[test]

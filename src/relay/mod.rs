@@ -254,6 +254,9 @@ impl Relay {
             let checked = self.destinations.checked().notified();
             tokio::pin!(checked);
             checked.as_mut().enable();
+            // Taken before the claim: the batch's outcome can end a broker
+            // outage only if the batch was claimed after the outage began.
+            let claimed_at = Instant::now();
             let plan = match self.plan() {
                 Ok(plan) => plan,
                 Err(delay) => {
@@ -339,7 +342,7 @@ impl Relay {
             let settled;
             (settled, confirmed) = self.process(batch, &plan, shutdown).await;
             for (index, health) in settled {
-                self.destinations[index].health.batch_settled(health);
+                self.destinations[index].health.batch_settled(health, claimed_at);
             }
             // A probe that found no row of its destination tells nothing.
             if let Some(probed) = plan.probe {
