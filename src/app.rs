@@ -26,10 +26,17 @@ use crate::store::{describe_pg, Severity, Store};
 
 /// Connections a source's pool may open: per worker one for its claim or
 /// its outcomes (a batch with failures records up to three statements at
-/// once, borrowing what idle workers leave), plus readiness probes and the
-/// maintenance tasks. LISTEN has a connection of its own besides.
+/// once, borrowing what idle workers leave), plus the maintenance tasks.
+/// The readiness probe (one) and LISTEN (one) have connections of their
+/// own besides: [`connections`].
 pub fn pool_size(workers: u32) -> usize {
-    workers as usize * 2 + 3
+    workers as usize * 2 + 2
+}
+
+/// Every connection a source may hold: its pool and its readiness probe's
+/// (2 × workers + 3), plus LISTEN when it listens.
+pub fn connections(workers: u32, listens: bool) -> usize {
+    pool_size(workers) + 1 + usize::from(listens)
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -138,6 +145,7 @@ async fn serve_with_sinks(
         metrics: metrics.clone(),
         sources: sources.into(),
         destinations,
+        readiness_log: Default::default(),
     };
     let http = tasks.spawn("http".to_owned(), Ends::OnShutdown, {
         let http_stop = http_stop.clone();
@@ -175,7 +183,7 @@ fn spawn_source(
             table = %source.database.table,
             sslmode = source.database.tls.mode().name(),
             pooler = ?source.database.pooler,
-            connections = pool_size(source.relay.workers) + usize::from(source.listen.is_some()),
+            connections = connections(source.relay.workers, source.listen.is_some()),
             "source configured"
         )
     });
@@ -188,7 +196,7 @@ fn spawn_source(
     );
     let state = SourceState {
         name: name.clone(),
-        store: store.clone(),
+        probe: Arc::new(Store::new(&source.database, 1)),
         liveness: relay.liveness(),
         health: relay.health(),
         metrics: source_metrics.clone(),

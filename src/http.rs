@@ -80,6 +80,37 @@ pub struct HttpState {
     pub sources: Arc<[SourceState]>,
     /// The destinations, for readiness.
     pub destinations: Destinations,
+    /// What `/readyz` last found wrong, so the log tells each change once.
+    pub readiness_log: Arc<ReadinessLog>,
+}
+
+/// The problems `/readyz` last found, in full: the log gets them, with
+/// hosts, users and queue URLs, once each time they change, while the
+/// body, which anyone who reaches the port can read, names the dependency
+/// and the problem only (see [`redact`]).
+#[derive(Debug, Default)]
+pub struct ReadinessLog(std::sync::Mutex<Vec<String>>);
+
+impl ReadinessLog {
+    fn report(&self, problems: Vec<String>) {
+        let mut last = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *last == problems {
+            return;
+        }
+        if problems.is_empty() {
+            tracing::info!(
+                report = "readiness_changed",
+                "/readyz: every dependency ready again"
+            );
+        } else {
+            tracing::warn!(
+                report = "readiness_changed",
+                problems = %problems.join("; "),
+                "/readyz: not every dependency is ready"
+            );
+        }
+        *last = problems;
+    }
 }
 
 /// What the endpoints read of one source.
@@ -88,8 +119,10 @@ pub struct SourceState {
     /// source of the environment, which `/readyz` and `/healthz` report as
     /// they always have.
     pub name: Option<String>,
-    /// Its database, for readiness.
-    pub store: Arc<Store>,
+    /// Its database, for readiness: a pool of one connection of its own,
+    /// so that however many probes come at once they never wait for, or
+    /// take, a connection the relay's workers need.
+    pub probe: Arc<Store>,
     /// Its relay workers' heartbeat, for liveness.
     pub liveness: Arc<Liveness>,
     /// What its relay's own claims say, for readiness.
@@ -235,7 +268,7 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
         state
             .sources
             .iter()
-            .map(|source| tokio::time::timeout(PROBE_TIMEOUT, source.store.ping())),
+            .map(|source| tokio::time::timeout(PROBE_TIMEOUT, source.probe.ping())),
     );
     let sinks = futures::future::join_all(
         state
@@ -328,12 +361,80 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
             (lines, any_source_ready && any_destination_ready)
         }
     };
+    state.readiness_log.report(
+        lines
+            .iter()
+            .filter(|line| !line.ends_with(": ready"))
+            .cloned()
+            .collect(),
+    );
+    let lines = lines.iter().map(|line| redact(line));
     if ready {
         let body: Vec<String> = std::iter::once("ready".to_owned()).chain(lines).collect();
         (StatusCode::OK, body.join("\n") + "\n")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, lines.join("\n") + "\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            lines.collect::<Vec<_>>().join("\n") + "\n",
+        )
     }
+}
+
+/// A `/readyz` line without what would tell a stranger where the relay's
+/// dependencies are or who the relay is there: URLs (`amqps://relay@mq…`,
+/// an SQS queue URL), `host:port` addresses, AWS ARNs (they carry the
+/// account and the role), and the user or role name in a database's
+/// authentication error. What failed and why stays; the log has the rest.
+pub fn redact(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut after_user_word = false;
+    for (index, token) in line.split(' ').enumerate() {
+        if index > 0 {
+            out.push(' ');
+        }
+        // Punctuation around a token stays: `(amqp://…)`, `url,`.
+        let start = token
+            .find(|c: char| c.is_alphanumeric() || c == '"')
+            .unwrap_or(token.len());
+        let end = token
+            .rfind(|c: char| c.is_alphanumeric() || c == '"' || c == '/')
+            .map_or(start, |i| i + 1)
+            .max(start);
+        let (before, word, after) = (&token[..start], &token[start..end], &token[end..]);
+        let replacement = if word.contains("://") {
+            Some("<address>")
+        } else if word.starts_with("arn:") {
+            Some("<arn>")
+        } else if is_address(word) {
+            Some("<address>")
+        } else if after_user_word && word.starts_with('"') {
+            Some("\"<name>\"")
+        } else {
+            None
+        };
+        after_user_word = matches!(word, "user" | "role");
+        out.push_str(before);
+        out.push_str(replacement.unwrap_or(word));
+        out.push_str(after);
+    }
+    out
+}
+
+/// `host:port`, optionally followed by a path (`db:5432/orders`): a name
+/// or IP address, a colon, and a port number.
+fn is_address(word: &str) -> bool {
+    let Some((host, rest)) = word.split_once(':') else {
+        return false;
+    };
+    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let tail = &rest[port.len()..];
+    !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        && host.chars().any(|c| c.is_ascii_alphabetic() || c == '.')
+        && (2..=5).contains(&port.len())
+        && (tail.is_empty() || tail.starts_with('/'))
 }
 
 /// One line of `/readyz`: `what: ready`, or `what: not ready: problems`.
@@ -348,6 +449,43 @@ fn line(what: &str, problems: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_readiness_body_keeps_the_problem_and_drops_where_and_who() {
+        for (line, expected) in [
+            (
+                "destination default (rabbitmq): not ready: RabbitMQ at amqp://relay:****@mq.internal:5672/%2f unreachable: Connection refused (os error 111)",
+                "destination default (rabbitmq): not ready: RabbitMQ at <address> unreachable: Connection refused (os error 111)",
+            ),
+            (
+                "sqs: queue https://sqs.eu-west-1.amazonaws.com/123456789012/orders does not exist",
+                "sqs: queue <address> does not exist",
+            ),
+            (
+                "broker: AccessDenied: User: arn:aws:sts::123456789012:assumed-role/relay/i-0abc is not authorized",
+                "broker: AccessDenied: User: <arn> is not authorized",
+            ),
+            (
+                "database: database 10.0.3.7:5432/orders unreachable",
+                "database: database <address> unreachable",
+            ),
+            (
+                "database: db error: FATAL: password authentication failed for user \"relay\"",
+                "database: db error: FATAL: password authentication failed for user \"<name>\"",
+            ),
+            (
+                "database: claims have failed for 12s: relation \"outbox_event\" does not exist",
+                "database: claims have failed for 12s: relation \"outbox_event\" does not exist",
+            ),
+            ("source orders: ready", "source orders: ready"),
+            (
+                "rabbitmq: exchange 'outbox-test-missing-1' not found: NOT_FOUND at 12:30",
+                "rabbitmq: exchange 'outbox-test-missing-1' not found: NOT_FOUND at 12:30",
+            ),
+        ] {
+            assert_eq!(redact(line), expected);
+        }
+    }
 
     #[test]
     fn the_default_address_is_valid_and_a_bad_one_names_its_variable() {

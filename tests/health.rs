@@ -134,7 +134,7 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
         sources: vec![SourceState {
             name: None,
             // Neither is used by /healthz; the pool connects lazily.
-            store: Arc::new(Store::new(&database, 1)),
+            probe: Arc::new(Store::new(&database, 1)),
             liveness: liveness.clone(),
             health: Default::default(),
             metrics: metrics.source(None),
@@ -142,6 +142,7 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
         .into(),
         destinations: Destinations::new(vec![destination]),
         metrics,
+        readiness_log: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

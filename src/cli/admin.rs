@@ -102,6 +102,14 @@ struct StatusJson {
     /// unpublished row (else the oldest `COUNT_CAP`).
     #[serde(skip_serializing_if = "Option::is_none")]
     destinations_exact: Option<bool>,
+    /// `--watch`, from the second refresh on: rows published per second
+    /// since the previous refresh.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    published_per_second: Option<f64>,
+    /// `--watch`: how fast the unpublished count changed since the
+    /// previous refresh (negative while the backlog shrinks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unpublished_change_per_second: Option<f64>,
 }
 
 /// `status --json` for several sources: each source's object, or its
@@ -117,6 +125,15 @@ struct SourceStatus {
     backlog: Backlog,
     recent: i64,
     per_destination: Option<PerDestination>,
+    /// `--watch`: rates since the previous refresh.
+    rates: Option<Rates>,
+}
+
+/// What changed between two refreshes of `status --watch`, per second.
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    published: f64,
+    unpublished_change: f64,
 }
 
 /// The backlog split by destination, as the routes send it.
@@ -204,8 +221,16 @@ pub async fn status(
 
 /// Reads one source's status.
 async fn read_status(target: &Target, routes: Option<&Routing>) -> Result<SourceStatus, CliError> {
+    read_status_from(&Store::new(&target.database, 1), target, routes).await
+}
+
+/// Reads one source's status through `store`.
+async fn read_status_from(
+    store: &Store,
+    target: &Target,
+    routes: Option<&Routing>,
+) -> Result<SourceStatus, CliError> {
     let database = &target.database;
-    let store = Store::new(database, 1);
     let backlog = store.backlog().await.map_err(|e| failed(database, e))?;
     let recent = store
         .published_within(RECENT_WINDOW)
@@ -245,7 +270,215 @@ async fn read_status(target: &Target, routes: Option<&Routing>) -> Result<Source
         backlog,
         recent,
         per_destination,
+        rates: None,
     })
+}
+
+/// `outbox-relay status --watch [--interval D] [--json]`: the status of
+/// every target read again every `every`, with the rates between two
+/// refreshes, until Ctrl-C (or SIGTERM), which ends it with status 0.
+///
+/// On a terminal the view takes the alternate screen, redrawn in place
+/// and cut to 80 columns, and gives the terminal back as it was when it
+/// ends, however it ends. Elsewhere (a pipe, a file) each refresh is
+/// appended. With `--json`, one line per refresh: `status --json`'s object
+/// (or `{"sources":[…]}`) with `published_per_second` and
+/// `unpublished_change_per_second` from the second refresh on, and `at`.
+/// A source that cannot be read shows its error and is read again at the
+/// next refresh: a watch outlives a database's blip.
+pub async fn status_watch(
+    targets: Vec<Target>,
+    json: bool,
+    one: bool,
+    routes: Option<&Routing>,
+    every: Duration,
+) -> Result<(), CliError> {
+    use std::io::IsTerminal as _;
+    let stores: Vec<Store> = targets
+        .iter()
+        .map(|target| Store::new(&target.database, 1))
+        .collect();
+    let screen = (!json && std::io::stdout().is_terminal()).then(Screen::take);
+    let mut previous: Vec<Option<(tokio::time::Instant, i64)>> = vec![None; targets.len()];
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = &mut stop => break,
+        }
+        let read_at = tokio::time::Instant::now();
+        let reads =
+            futures::future::join_all(targets.iter().zip(&stores).zip(&previous).map(
+                |((target, store), previous)| read_with_rates(store, target, routes, *previous, read_at),
+            ));
+        let statuses = tokio::select! {
+            statuses = reads => statuses,
+            () = &mut stop => break,
+        };
+        for (last, status) in previous.iter_mut().zip(&statuses) {
+            if let Ok(status) = status {
+                *last = Some((read_at, status.backlog.counts.unpublished));
+            }
+        }
+        let at = Utc::now();
+        let text = if json {
+            watch_json(&targets, &statuses, one, at)?
+        } else {
+            let header = format!(
+                "outbox-relay status  {}  every {}  Ctrl-C stops",
+                at.format("%H:%M:%S UTC"),
+                human_interval(every)
+            );
+            let blocks: Vec<String> = targets
+                .iter()
+                .zip(&statuses)
+                .map(|(target, status)| match status {
+                    Ok(status) => render_status(target, status),
+                    Err(e) => format!(
+                        "{}error   {e}\n",
+                        target
+                            .name
+                            .as_ref()
+                            .map(|name| format!("source  {name}\n"))
+                            .unwrap_or_default()
+                    ),
+                })
+                .collect();
+            let view = format!("{header}\n\n{}", blocks.join("\n"));
+            match &screen {
+                Some(screen) => screen.frame(&view),
+                None => format!("{view}\n"),
+            }
+        };
+        emit(&text)?;
+    }
+    drop(screen);
+    Ok(())
+}
+
+/// One target's status, and its rates against the `previous` refresh.
+async fn read_with_rates(
+    store: &Store,
+    target: &Target,
+    routes: Option<&Routing>,
+    previous: Option<(tokio::time::Instant, i64)>,
+    read_at: tokio::time::Instant,
+) -> Result<SourceStatus, CliError> {
+    let mut status = read_status_from(store, target, routes).await?;
+    if let Some((then, unpublished)) = previous {
+        let elapsed = read_at.duration_since(then);
+        let seconds = elapsed.as_secs_f64().max(f64::EPSILON);
+        // Rows whose published_at falls since the previous refresh: one
+        // read of the published-at index, like "published last hour".
+        let published = store
+            .published_within(elapsed)
+            .await
+            .map_err(|e| failed(&target.database, e))?;
+        status.rates = Some(Rates {
+            published: published as f64 / seconds,
+            unpublished_change: (status.backlog.counts.unpublished - unpublished) as f64 / seconds,
+        });
+    }
+    Ok(status)
+}
+
+/// One `--watch --json` line.
+fn watch_json(
+    targets: &[Target],
+    statuses: &[Result<SourceStatus, CliError>],
+    one: bool,
+    at: DateTime<Utc>,
+) -> Result<String, CliError> {
+    let encode = |value: &StatusJson| {
+        serde_json::to_value(value).map_err(|e| CliError::Failed(anyhow::anyhow!("cannot encode JSON: {e}")))
+    };
+    let at = at.to_rfc3339_opts(SecondsFormat::Millis, true);
+    let objects = targets
+        .iter()
+        .zip(statuses)
+        .map(|(target, status)| match status {
+            Ok(status) => encode(&status_json(target, status)),
+            Err(e) => Ok(serde_json::json!({
+                "source": target.name.clone().unwrap_or_default(),
+                "error": e.to_string(),
+            })),
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    let mut line = match (targets, one) {
+        ([target], _) if target.name.is_none() || one => objects.into_iter().next().unwrap_or_default(),
+        _ => serde_json::json!({ "sources": objects }),
+    };
+    if let Some(object) = line.as_object_mut() {
+        object.insert("at".to_owned(), serde_json::Value::String(at));
+    }
+    json_line(&line)
+}
+
+/// `2s`, `500ms`, `1m 30s`.
+fn human_interval(every: Duration) -> String {
+    let millis = every.as_millis();
+    if !millis.is_multiple_of(1000) {
+        format!("{millis}ms")
+    } else if millis < 60_000 {
+        format!("{}s", millis / 1000)
+    } else {
+        format!("{}m {}s", millis / 60_000, millis % 60_000 / 1000)
+    }
+}
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+async fn stop_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+/// The width `status --watch` draws in: the smallest terminal there is.
+const COLUMNS: usize = 80;
+
+/// The terminal of `status --watch`: its alternate screen with the cursor
+/// hidden while the view is on, given back as it was when dropped (also
+/// on an error or a panic that unwinds).
+struct Screen;
+
+impl Screen {
+    /// Alternate screen on, cursor hidden.
+    fn take() -> Self {
+        let _ = emit("\x1b[?1049h\x1b[?25l");
+        Screen
+    }
+
+    /// `view` drawn from the top left over what was there, each line cut
+    /// to [`COLUMNS`] and cleared to its end.
+    fn frame(&self, view: &str) -> String {
+        let mut frame = String::from("\x1b[H");
+        for line in view.lines() {
+            let cut: String = line.chars().take(COLUMNS).collect();
+            frame.push_str(&cut);
+            frame.push_str("\x1b[K\r\n");
+        }
+        // Whatever the previous frame had below this one.
+        frame.push_str("\x1b[J");
+        frame
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        let _ = emit("\x1b[?25h\x1b[?1049l");
+    }
 }
 
 fn status_json(target: &Target, status: &SourceStatus) -> StatusJson {
@@ -264,6 +497,8 @@ fn status_json(target: &Target, status: &SourceStatus) -> StatusJson {
         destinations: per_destination.map(|per| per.counts.clone()),
         unrouted: per_destination.map(|per| per.unrouted),
         destinations_exact: per_destination.map(|per| per.exact),
+        published_per_second: status.rates.map(|rates| rates.published),
+        unpublished_change_per_second: status.rates.map(|rates| rates.unpublished_change),
     }
 }
 
@@ -520,6 +755,16 @@ fn render_status(target: &Target, status: &SourceStatus) -> String {
         .chain(lines)
         .map(|(label, value)| (label.to_owned(), value))
         .collect();
+    if let Some(rates) = status.rates {
+        lines.push((
+            "published per second".to_owned(),
+            format!("{:.1}", rates.published),
+        ));
+        lines.push((
+            "unpublished change/s".to_owned(),
+            format!("{:+.1}", rates.unpublished_change),
+        ));
+    }
     if let Some(per) = per_destination {
         let among = if per.exact {
             String::new()

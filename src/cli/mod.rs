@@ -141,9 +141,15 @@ pub enum Command {
     Status {
         #[command(flatten)]
         database: DatabaseSettings,
-        /// Machine-readable output.
+        /// Machine-readable output (with --watch, one JSON line per refresh).
         #[arg(long)]
         json: bool,
+        /// Refresh until Ctrl-C, with the rates between refreshes.
+        #[arg(long)]
+        watch: bool,
+        /// Time between refreshes of --watch (e.g. 2s, 500ms).
+        #[arg(long, default_value = "2s", requires = "watch")]
+        interval: String,
     },
     /// Inspect or release quarantined rows.
     Quarantine {
@@ -337,6 +343,8 @@ async fn dispatch(cli: Cli, layers: Layers) -> Result<(), CliError> {
         Some(Command::Status {
             database: settings,
             json,
+            watch,
+            interval,
         }) => {
             let targets = select(databases(settings)?, |source| &source.name, wanted, named)?;
             let routes = layers.routes()?;
@@ -344,6 +352,11 @@ async fn dispatch(cli: Cli, layers: Layers) -> Result<(), CliError> {
                 .into_iter()
                 .map(|source| admin::Target::new(source, named))
                 .collect();
+            if watch {
+                let every = crate::settings::parse_nonzero_duration("--interval", &interval)
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
+                return admin::status_watch(targets, json, wanted.is_some(), routes.as_ref(), every).await;
+            }
             admin::status(targets, json, wanted.is_some(), routes.as_ref()).await
         }
         Some(Command::Quarantine { action }) => match action {
