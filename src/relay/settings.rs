@@ -10,7 +10,7 @@ use crate::store::Ordering;
 /// Settings of the relay loop.
 #[derive(Debug, Clone, Args)]
 pub struct RelaySettings {
-    /// Rows claimed per transaction.
+    /// Rows a worker claims at once, 1 to 10000 (one statement per batch).
     #[arg(long, env = var::BATCH_SIZE, default_value = "100")]
     pub batch_size: String,
 
@@ -43,8 +43,8 @@ pub struct RelaySettings {
     #[arg(long, env = var::ORDERING, default_value = "none")]
     pub ordering: String,
 
-    /// Batches in flight at once in this replica (each claims, publishes
-    /// and records on its own).
+    /// Batches in flight at once in this replica, per source (each claims,
+    /// publishes and records on its own), 1 to 64.
     #[arg(long, env = var::WORKERS, default_value = "4")]
     pub workers: String,
 
