@@ -57,6 +57,14 @@ const RECHECK_AFTER: Duration = Duration::from_secs(5);
 /// made and failed on every claim.
 const REMAKE_AFTER: Duration = Duration::from_secs(5);
 
+/// How long a producer made anew after a fatal error is not ready yet: it
+/// asks the cluster for its idempotence id as it starts, and a refusal (the
+/// cause that lasts, above) comes back as a fatal error moments later
+/// (55 ms seen), after its first metadata answer. Ready before that, it
+/// would take the relay's rows into a producer about to fail, and tell
+/// `/readyz` the outage was over when it was not.
+const REMADE_SETTLE: Duration = Duration::from_secs(1);
+
 /// Bound of a metadata request: within the 3 s `/readyz` gives a sink, so
 /// that an unreachable cluster is reported with the client's reason.
 const METADATA_TIMEOUT: Duration = Duration::from_millis(2500);
@@ -127,6 +135,9 @@ pub struct KafkaSink {
     pattern: TopicPattern,
     /// The producer, and when it was made.
     producer: RwLock<(Arc<Client>, Instant)>,
+    /// When the producer was last made anew after a fatal error, and that
+    /// error.
+    remade: Mutex<Option<(Instant, String)>>,
     context: RelayContext,
     /// When the cluster was last seen to hold a topic of the template.
     topics_seen: Mutex<Option<Instant>>,
@@ -148,6 +159,7 @@ impl KafkaSink {
             format,
             pattern,
             producer: RwLock::new((Arc::new(producer), Instant::now())),
+            remade: Mutex::new(None),
             context,
             topics_seen: Mutex::new(None),
             breaker: Breaker::default(),
@@ -180,6 +192,10 @@ impl KafkaSink {
         warn!(reason = %why, "making a new Kafka producer");
         let fresh = Arc::new(create(&self.config, self.context.clone())?);
         *slot = (fresh.clone(), Instant::now());
+        *self
+            .remade
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((Instant::now(), why));
         Ok(fresh)
     }
 
@@ -532,6 +548,18 @@ impl Sink for KafkaSink {
         Box::pin(async move {
             let producer = self.healthy_producer()?;
             self.find_topics(producer).await?;
+            let settling = self
+                .remade
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < REMADE_SETTLE)
+                .map(|(_, why)| why.clone());
+            if let Some(why) = settling {
+                return Err(SinkError(format!(
+                    "a new Kafka producer is getting its idempotence id; the last one failed: {why}"
+                )));
+            }
             self.breaker.check()
         })
     }
