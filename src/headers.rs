@@ -85,6 +85,13 @@ impl Headers {
         self.iter().find(|(n, _)| *n == name).map(|(_, value)| value)
     }
 
+    /// Gives the header `name` (exact name) a new value, if the row has it.
+    pub fn replace(&mut self, name: &str, value: String) {
+        if let Some((_, old)) = self.0.iter_mut().find(|(n, _)| n == name) {
+            *old = value;
+        }
+    }
+
     /// The trace id of a valid W3C `traceparent` header, for logs. An
     /// invalid one is still carried, but names no trace.
     pub fn trace_id(&self) -> Option<&str> {

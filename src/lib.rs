@@ -44,6 +44,7 @@
 //! - [`tls`] — TLS for PostgreSQL, RabbitMQ and NATS alike (Kafka's is librdkafka's own): certificate files, trust levels, and
 //!   certificate failures in words.
 //! - [`telemetry`] — logging.
+//! - [`otel`] — publish spans over OTLP, when the `OTEL_*` variables ask.
 //!
 //! The consumer's half (deduplicating on the message id) is the separate
 //! `outbox-consumer` crate, so consumers do not depend on this one.
@@ -58,6 +59,7 @@ pub mod http;
 pub mod liveness;
 pub mod maintenance;
 pub mod metrics;
+pub mod otel;
 pub mod outage;
 pub mod relay;
 pub mod retry;

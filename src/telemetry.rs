@@ -1,4 +1,9 @@
-//! Logging set-up: `tracing` to stderr, text or JSON, level from `RUST_LOG`.
+//! Logging set-up: `tracing` to stderr, text or JSON, level from `RUST_LOG`;
+//! and, when the `OTEL_*` variables ask for it, the publish spans to an
+//! OTLP exporter (see `otel.rs`).
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 
 use tracing::{Level, Metadata};
 use tracing_subscriber::filter::{filter_fn, FilterExt};
@@ -6,6 +11,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+use crate::otel::PUBLISH_TARGET;
 use crate::settings::{parse_choice, var, ConfigError};
 
 /// Log output format (`OUTBOX_LOG_FORMAT`).
@@ -55,23 +61,40 @@ fn within_caps(target: &str, level: Level) -> bool {
         .is_none_or(|(_, max)| level <= *max)
 }
 
-/// Installs the global subscriber. The default level is `info`.
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber. The default level is `info`. With
+/// `spans`, the publish spans go to its tracer, and only they: the other
+/// spans of the relay are for the logs.
+pub fn init(format: LogFormat, spans: Option<&SdkTracerProvider>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // The caps are a filter of their own, and'ed with RUST_LOG's rather
     // than directives added to it: a more specific directive in RUST_LOG
     // (`lapin::channels=trace`) would win over an added `lapin=info`.
     let filter = filter.and(filter_fn(|metadata: &Metadata<'_>| {
-        within_caps(metadata.target(), *metadata.level())
+        within_caps(metadata.target(), *metadata.level()) && metadata.target() != PUBLISH_TARGET
     }));
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let layer = match format {
         LogFormat::Text => layer.boxed(),
         LogFormat::Json => layer.json().flatten_event(true).boxed(),
     };
+    let spans = spans.map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("outbox-relay"))
+            // The conventions' attributes only: no source file, thread,
+            // level or busy/idle times on every span.
+            .with_location(false)
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_level(false)
+            .with_target(false)
+            .with_filter(filter_fn(|metadata: &Metadata<'_>| {
+                metadata.target() == PUBLISH_TARGET
+            }))
+    });
     // A second init (tests) keeps the first subscriber.
     let _ = tracing_subscriber::registry()
         .with(layer.with_filter(filter))
+        .with(spans)
         .try_init();
 }
 

@@ -70,6 +70,10 @@ impl Sink for PanickingSink {
     fn kind(&self) -> &'static str {
         "panicking"
     }
+
+    fn destination_of(&self, _event: &Event) -> String {
+        "nowhere".to_owned()
+    }
 }
 
 /// A worker that panics (here its sink; it could be any bug) ends `serve`

@@ -251,7 +251,21 @@ pub fn execute(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::telemetry::init(format);
+    let spans = match crate::otel::export_settings(|name| std::env::var(name).ok()) {
+        Ok(Some(settings)) => match crate::otel::start(settings) {
+            Ok(provider) => Some(provider),
+            Err(e) => {
+                eprintln!("outbox-relay: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("outbox-relay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init(format, spans.as_ref());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -259,7 +273,16 @@ pub fn execute(cli: Cli) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(dispatch(cli, layers)) {
+    let result = runtime.block_on(dispatch(cli, layers));
+    // Sends the spans still waiting in the batch processor (bounded by
+    // the exporter's timeout): the last batches' spans are the ones an
+    // operator looks for after a shutdown.
+    if let Some(provider) = spans {
+        if let Err(e) = provider.shutdown() {
+            eprintln!("outbox-relay: not every span was exported at exit: {e}");
+        }
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("outbox-relay: {e}");

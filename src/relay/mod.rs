@@ -39,6 +39,7 @@ pub use settings::RelaySettings;
 use crate::headers::batch_trace_ids;
 use crate::liveness::{stall_limit, Liveness, LoopBounds};
 use crate::metrics::{DestinationMetrics, SourceMetrics};
+use crate::otel::{PublishSpans, SpanDestination, SpanOutcome};
 use crate::outage::{sleep_or_cancel, Availability, Outage, MAX_RETRY_DELAY};
 use crate::retry::Backoff;
 use crate::route::Router;
@@ -490,30 +491,40 @@ impl Relay {
 
         // Every destination's part at once, each to its own deadline.
         let deadline = tokio::time::Instant::now() + self.config.publish_timeout;
-        let parts = futures::future::join_all(routed.batches.into_iter().map(|(index, events)| async move {
-            let destination = &self.destinations[index];
-            let publish = destination.sink.publish(&events, deadline);
-            let outcomes = match tokio::time::timeout_at(deadline + SINK_GRACE, publish).await {
-                Ok(outcomes) => outcomes,
-                Err(_) => {
-                    let reason = format!(
-                        "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
-                        self.config.publish_timeout
-                    );
-                    vec![Outcome::Deferred(reason); events.len()]
-                }
-            };
-            (index, events, outcomes)
-        }))
-        .await;
+        let parts =
+            futures::future::join_all(routed.batches.into_iter().map(|(index, mut events)| async move {
+                let destination = &self.destinations[index];
+                let sink = destination.sink.as_ref();
+                let place = SpanDestination {
+                    sink_kind: sink.kind(),
+                    name: &destination.name,
+                };
+                let spans = PublishSpans::start(&mut events, place, |event| sink.destination_of(event));
+                let publish = destination.sink.publish(&events, deadline);
+                let outcomes = match tokio::time::timeout_at(deadline + SINK_GRACE, publish).await {
+                    Ok(outcomes) => outcomes,
+                    Err(_) => {
+                        let reason = format!(
+                            "not confirmed within OUTBOX_PUBLISH_TIMEOUT ({:?})",
+                            self.config.publish_timeout
+                        );
+                        vec![Outcome::Deferred(reason); events.len()]
+                    }
+                };
+                (index, events, outcomes, spans)
+            }))
+            .await;
         let confirmed_at = Utc::now();
 
         let mut decisions = Decisions::default();
         let mut settled = Vec::with_capacity(parts.len());
-        for (index, events, outcomes) in parts {
+        for (index, events, outcomes, mut spans) in parts {
             let destination = &self.destinations[index];
             let metrics = &self.destination_metrics[index];
             let mut part = decide(&events, outcomes, self.config.max_attempts, &self.backoff());
+            if !spans.is_empty() {
+                end_spans(&mut spans, &part);
+            }
             part.quarantine.extend(
                 routed
                     .oversized
@@ -708,6 +719,23 @@ impl Relay {
                 Err(e) => error = e,
             }
         }
+    }
+}
+
+/// Ends the publish spans of a destination's part with each row's outcome.
+fn end_spans(spans: &mut PublishSpans, part: &Decisions) {
+    for row in &part.published {
+        spans.end(&row.id, SpanOutcome::Published);
+    }
+    for retry in &part.retry {
+        spans.end(&retry.row.id, SpanOutcome::Retried(&retry.reason));
+    }
+    for quarantine in &part.quarantine {
+        spans.end(&quarantine.row.id, SpanOutcome::Quarantined(&quarantine.reason));
+    }
+    let reason = part.deferred_because.as_deref().unwrap_or("deferred");
+    for row in &part.deferred {
+        spans.end(&row.id, SpanOutcome::Deferred(reason));
     }
 }
 

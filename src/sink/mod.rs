@@ -135,6 +135,10 @@ pub trait Sink: Send + Sync {
 
     /// A name for logs and metrics (`rabbitmq`, `sqs`, `nats`, `kafka`).
     fn kind(&self) -> &'static str;
+
+    /// The broker's name of where `event` goes (exchange, queue, subject,
+    /// topic): its publish span's `messaging.destination.name`.
+    fn destination_of(&self, event: &Event) -> String;
 }
 
 /// Builds the configured sink, sending messages in `format`. Connecting

@@ -454,4 +454,14 @@ impl Sink for AmqpSink {
     fn kind(&self) -> &'static str {
         "rabbitmq"
     }
+
+    fn destination_of(&self, event: &Event) -> String {
+        let _ = event;
+        // The conventions' name of the default exchange.
+        if self.config.exchange.is_empty() {
+            "amq.default".to_owned()
+        } else {
+            self.config.exchange.clone()
+        }
+    }
 }

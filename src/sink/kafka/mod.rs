@@ -567,4 +567,8 @@ impl Sink for KafkaSink {
     fn kind(&self) -> &'static str {
         "kafka"
     }
+
+    fn destination_of(&self, event: &Event) -> String {
+        self.config.topic.render(&event.event_type, &event.aggregate_id)
+    }
 }

@@ -526,6 +526,10 @@ impl Sink for NatsSink {
     fn kind(&self) -> &'static str {
         "nats"
     }
+
+    fn destination_of(&self, event: &Event) -> String {
+        self.config.subject.render(&event.event_type, &event.aggregate_id)
+    }
 }
 
 #[cfg(test)]

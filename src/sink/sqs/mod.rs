@@ -325,6 +325,14 @@ impl SqsSink {
     }
 }
 
+/// A queue's name: its URL's last path segment.
+fn queue_name(queue_url: &str) -> &str {
+    queue_url
+        .rsplit('/')
+        .find(|segment| !segment.is_empty())
+        .unwrap_or(queue_url)
+}
+
 impl Sink for SqsSink {
     fn publish<'a>(
         &'a self,
@@ -347,5 +355,24 @@ impl Sink for SqsSink {
 
     fn kind(&self) -> &'static str {
         "sqs"
+    }
+
+    fn destination_of(&self, event: &Event) -> String {
+        let _ = event;
+        queue_name(&self.queue_url).to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queue_name;
+
+    #[test]
+    fn a_queue_is_named_by_its_urls_last_segment() {
+        assert_eq!(
+            queue_name("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo"),
+            "orders.fifo"
+        );
+        assert_eq!(queue_name("http://127.0.0.1:4566/000000000000/orders/"), "orders");
     }
 }
