@@ -40,6 +40,10 @@ pub struct Setup {
     /// The one destination from a configuration file (OUTBOX_CONFIG)
     /// instead of the environment's sink variables.
     pub config_file: bool,
+    /// Rows carry a producer's `traceparent` (a `headers` column).
+    pub traced: bool,
+    /// More variables for the relays.
+    pub environment: &'static [(&'static str, &'static str)],
 }
 
 pub async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
@@ -57,7 +61,13 @@ pub async fn drain_with(
     if setup.retained > 0 {
         seed_retained(&db, setup.retained).await?;
     }
+    if setup.traced {
+        add_trace_headers(&db).await?;
+    }
     prefill_for_drain(&db, options, rows).await?;
+    if setup.traced {
+        trace_rows(&db).await?;
+    }
     let arrivals = arrivals(&broker).await?;
     let before = table_stats(&db).await?;
     let meter = Meter::start();
@@ -69,6 +79,12 @@ pub async fn drain_with(
     if setup.delete {
         settings.push(("OUTBOX_ON_PUBLISH", "delete".to_owned()));
     }
+    settings.extend(
+        setup
+            .environment
+            .iter()
+            .map(|(name, value)| (*name, (*value).to_owned())),
+    );
     let config_file = setup
         .config_file
         .then(|| std::env::temp_dir().join(format!("outbox-bench-{}.toml", uuid::Uuid::new_v4().simple())));
@@ -154,6 +170,27 @@ async fn table_stats(db: &TestDb) -> Result<TableStats, Error> {
         deletes: row.get(2),
         dead_tuples: row.get(3),
     })
+}
+
+/// The producer's `headers` column, filled with a default so that the
+/// prefill writes each row's trace context with the row (no update after).
+async fn add_trace_headers(db: &TestDb) -> Result<(), Error> {
+    db.client
+        .batch_execute(
+            "ALTER TABLE outbox_event ADD COLUMN headers JSONB DEFAULT jsonb_build_object(
+                 'traceparent', '00-' || md5(random()::text) || '-' || left(md5(random()::text), 16) || '-01',
+                 'tracestate', 'vendor=opaque')",
+        )
+        .await?;
+    Ok(())
+}
+
+/// Drops the default again: the relay reads the column as it is.
+async fn trace_rows(db: &TestDb) -> Result<(), Error> {
+    db.client
+        .batch_execute("ALTER TABLE outbox_event ALTER COLUMN headers DROP DEFAULT")
+        .await?;
+    Ok(())
 }
 
 /// `rows` rows published two days ago, small payloads, set-based.

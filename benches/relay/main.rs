@@ -26,11 +26,13 @@
 //!   seed-shaped table of `--migrate-rows` rows;
 //! - with `--sources`: one relay serving several databases, a source's
 //!   drain alone, beside another draining and beside a faulty one, and the
-//!   memory of a relay serving many idle sources.
+//!   memory of a relay serving many idle sources;
+//! - with `--tracing`: the drain with publish spans off, exported over
+//!   OTLP and made but not sampled.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
 //! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`], [`kafka`],
-//! [`scale`], [`migrate_lock`] and [`sources`]; what they start from is in [`fixture`],
+//! [`scale`], [`migrate_lock`], [`sources`] and [`tracing_cost`]; what they start from is in [`fixture`],
 //! what they measure with in [`meter`], and [`report`] prints the tables.
 
 mod baselines;
@@ -46,6 +48,7 @@ mod scale;
 mod sources;
 mod sqs;
 mod steady;
+mod tracing_cost;
 
 use clap::Parser;
 
@@ -178,6 +181,12 @@ struct Options {
     /// `--sources`: how long the relay idles before its memory is read.
     #[arg(long, default_value = "15")]
     idle_seconds: u64,
+    /// Also the drain with publish spans off, exported and unsampled.
+    #[arg(long)]
+    tracing: bool,
+    /// Only the tracing runs.
+    #[arg(long)]
+    only_tracing: bool,
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
@@ -262,6 +271,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.only_sources {
         return sources::run(&options).await;
+    }
+    if options.only_tracing {
+        return tracing_cost::run(&options).await;
     }
     let bare = median_of(
         options.repeat,
@@ -398,6 +410,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.sources {
         sources::run(&options).await?;
+    }
+    if options.tracing {
+        tracing_cost::run(&options).await?;
     }
     Ok(())
 }
