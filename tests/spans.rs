@@ -408,6 +408,38 @@ async fn nothing_is_exported_and_headers_stay_verbatim_without_the_variables() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_collector_that_is_down_never_holds_up_a_publish() {
+    // A port nothing listens on: every export is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let db = with_headers_column().await;
+    let broker = TestBroker::create("#").await;
+    for _ in 0..300 {
+        insert(&db, "order.created", Some(trace_headers())).await;
+    }
+    let mut env = broker.env();
+    env.extend(quick_settings());
+    let env = with(
+        env,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+        ],
+    );
+    let relay = RelayProcess::start(&db, &env);
+    assert_eq!(broker.receive(300, WAIT).await.len(), 300);
+    eventually(WAIT, "every row marked published", || async {
+        db.count("published_at IS NOT NULL AND attempt_count = 1").await == 300
+    })
+    .await;
+    // And it still stops cleanly: the last export fails within its timeout.
+    stop(relay).await;
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_unusable_otel_setting_stops_the_relay_with_its_name() {
     let db = TestDb::migrated().await;
     let output = common::run_to_end(db.relay_command(
