@@ -82,8 +82,9 @@ pub struct PartitionPass {
     pub created: Vec<String>,
     /// Partitions dropped: every row published longer ago than retention.
     pub dropped: Vec<String>,
-    /// Partitions past retention kept because a row in them is unpublished
-    /// or quarantined.
+    /// Partitions whose range ended longer ago than retention, kept because
+    /// a row in them is unpublished or quarantined, or was published within
+    /// retention.
     pub kept: Vec<String>,
     /// Rows moved from DEFAULT into a partition created for them.
     pub moved: u64,
