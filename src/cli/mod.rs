@@ -20,7 +20,7 @@ use crate::maintenance::retention::RetentionSettings;
 use crate::relay::RelaySettings;
 use crate::settings::{var, ConfigError};
 use crate::sink::SinkSettings;
-use crate::store::{describe_pg, DatabaseSettings, ListenSettings, MigrateSettings, Store};
+use crate::store::{describe_pg, DatabaseSettings, Granularity, ListenSettings, MigrateSettings, Store};
 use crate::telemetry::parse_log_format;
 
 /// Command-line interface of `outbox-relay`.
@@ -134,7 +134,17 @@ pub enum Command {
     /// Run the relay loop, retention and the HTTP endpoints until SIGTERM/SIGINT.
     Run(RunArgs),
     /// Apply the embedded migrations to the outbox table (idempotent).
-    Migrate(MigrateSettings),
+    Migrate {
+        #[command(flatten)]
+        #[allow(missing_docs)]
+        settings: MigrateSettings,
+        /// Create the table partitioned by range of created_at, one
+        /// partition per day or per hour (`daily` or `hourly`), when it does
+        /// not exist; an existing plain table is refused, never converted.
+        /// Relays find a partitioned table by themselves.
+        #[arg(long, value_parser = ["daily", "hourly"])]
+        partitioned: Option<String>,
+    },
     /// Validate the configuration and connect to the database and the sink.
     Check(RunArgs),
     /// Backlog, oldest unpublished age, quarantined rows, recent throughput.
@@ -358,9 +368,16 @@ async fn dispatch(cli: Cli, layers: Layers) -> Result<(), CliError> {
     match cli.command {
         None => Ok(crate::app::run(run_config(cli.run)?).await?),
         Some(Command::Run(args)) => Ok(crate::app::run(run_config(args)?).await?),
-        Some(Command::Migrate(args)) => {
-            let targets = select(layers.databases(&args)?, |source| &source.name, wanted, named)?;
-            migrate(targets, named).await
+        Some(Command::Migrate {
+            settings,
+            partitioned,
+        }) => {
+            let targets = select(layers.databases(&settings)?, |source| &source.name, wanted, named)?;
+            let partitioned = partitioned.map(|granularity| match granularity.as_str() {
+                "hourly" => Granularity::Hourly,
+                _ => Granularity::Daily,
+            });
+            migrate(targets, named, partitioned).await
         }
         Some(Command::Check(args)) => check(run_config(args)?).await,
         Some(Command::Status {
@@ -425,7 +442,11 @@ async fn dispatch(cli: Cli, layers: Layers) -> Result<(), CliError> {
 
 /// Migrates every source's table in turn; one that fails does not stop
 /// the others, and the command fails naming it.
-async fn migrate(targets: Vec<SourceDatabase>, named: bool) -> Result<(), CliError> {
+async fn migrate(
+    targets: Vec<SourceDatabase>,
+    named: bool,
+    partitioned: Option<Granularity>,
+) -> Result<(), CliError> {
     let mut failed = Vec::new();
     for target in &targets {
         let span = if named {
@@ -433,7 +454,7 @@ async fn migrate(targets: Vec<SourceDatabase>, named: bool) -> Result<(), CliErr
         } else {
             tracing::Span::none()
         };
-        let result = migrate_one(target).instrument(span).await;
+        let result = migrate_one(target, partitioned).instrument(span).await;
         match result {
             Ok(()) => {}
             Err(e) if !named => return Err(e),
@@ -450,7 +471,7 @@ async fn migrate(targets: Vec<SourceDatabase>, named: bool) -> Result<(), CliErr
     }
 }
 
-async fn migrate_one(target: &SourceDatabase) -> Result<(), CliError> {
+async fn migrate_one(target: &SourceDatabase, partitioned: Option<Granularity>) -> Result<(), CliError> {
     let database = &target.database;
     let store = Store::new(database, 1);
     let mut client = store
@@ -462,6 +483,7 @@ async fn migrate_one(target: &SourceDatabase) -> Result<(), CliError> {
         &database.table,
         target.notify_trigger,
         database.pooler,
+        partitioned,
     )
     .await
     .map_err(|e| anyhow::anyhow!("migration failed: {e}"))?;

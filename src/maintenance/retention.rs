@@ -1,6 +1,18 @@
 //! Deletes published rows once their `published_at` is older than
 //! `OUTBOX_RETENTION`, in bounded batches.
 //!
+//! On a natively partitioned table (found at every pass, no setting) a
+//! pass first keeps partitions created ahead of time and drops whole
+//! partitions whose every row was published longer ago than retention
+//! (`Store::maintain_partitions`): no row-by-row DELETE, no vacuum, no
+//! WAL per row. A partition that still holds an unpublished or a
+//! quarantined row is kept, whole, until that row is published, released
+//! and published, or deleted by an operator; its published rows are not
+//! deleted one by one meanwhile (that would be the cost partitioning
+//! avoids, for a partition that is usually dropped soon after). Row-by-row
+//! batches then run on the DEFAULT partition only, which holds the rows
+//! no partition covered when they were written.
+//!
 //! Each tick runs a pass: batches of at most [`BATCH_SIZE`] rows, each one
 //! short transaction, until a batch comes back short; then the task sleeps
 //! until the next tick. No batch holds row locks for longer than deleting
@@ -37,7 +49,7 @@ use super::Outage;
 use crate::metrics::SourceMetrics;
 use crate::relay::CatchUp;
 use crate::settings::{parse_duration, var, ConfigError};
-use crate::store::{RetentionBatch, Store, StoreError};
+use crate::store::{PartitionPass, RetentionBatch, Store, StoreError};
 
 /// Settings of retention.
 #[derive(Debug, Clone, Args)]
@@ -105,6 +117,20 @@ pub async fn run_pass(
     catch_up: &CatchUp,
     shutdown: &CancellationToken,
 ) -> Result<Pass, StoreError> {
+    run_pass_in(store, None, retention, batch_size, metrics, catch_up, shutdown).await
+}
+
+/// [`run_pass`] in one partition (`Some`, as [`Store::partitions`] names
+/// it) or the whole table.
+pub async fn run_pass_in(
+    store: &Store,
+    partition: Option<&str>,
+    retention: Duration,
+    batch_size: i64,
+    metrics: &SourceMetrics,
+    catch_up: &CatchUp,
+    shutdown: &CancellationToken,
+) -> Result<Pass, StoreError> {
     let mut pass = Pass::default();
     let mut pause = Duration::ZERO;
     while !shutdown.is_cancelled() {
@@ -117,7 +143,9 @@ pub async fn run_pass(
         }
         pass.batches += 1;
         let started = Instant::now();
-        let batch = store.delete_retained(retention, batch_size).await?;
+        let batch = store
+            .delete_retained_from(partition, retention, batch_size)
+            .await?;
         pause = pause_after(started.elapsed(), catch_up.catching_up());
         match batch {
             RetentionBatch::Busy => {
@@ -136,8 +164,50 @@ pub async fn run_pass(
     Ok(pass)
 }
 
-/// Runs a pass at once and then every [`INTERVAL`] until `shutdown`;
-/// returns at once when retention is disabled (`None`).
+/// What one tick does on a partitioned table: partition upkeep, then
+/// row-by-row retention in the DEFAULT partition; `None` on a plain table.
+pub async fn run_partitioned_pass(
+    store: &Store,
+    retention: Option<Duration>,
+    metrics: &SourceMetrics,
+    catch_up: &CatchUp,
+    shutdown: &CancellationToken,
+) -> Result<Option<(PartitionPass, Pass)>, StoreError> {
+    if !store.is_partitioned().await? {
+        return Ok(None);
+    }
+    let partitions = store.maintain_partitions(None, retention).await?;
+    if !partitions.created.is_empty() || !partitions.dropped.is_empty() {
+        info!(
+            created = ?partitions.created,
+            dropped = ?partitions.dropped,
+            kept_with_unpublished_rows = ?partitions.kept,
+            moved_from_default = partitions.moved,
+            "partitions maintained"
+        );
+    }
+    let mut rows = Pass::default();
+    if let Some(retention) = retention {
+        let default = store.partitions().await?.into_iter().find(|p| p.is_default);
+        if let Some(default) = default {
+            rows = run_pass_in(
+                store,
+                Some(&default.qualified),
+                retention,
+                BATCH_SIZE,
+                metrics,
+                catch_up,
+                shutdown,
+            )
+            .await?;
+        }
+    }
+    Ok(Some((partitions, rows)))
+}
+
+/// Runs a pass at once and then every [`INTERVAL`] until `shutdown`.
+/// With retention disabled (`None`) it returns at once on a plain table,
+/// and on a partitioned one only keeps partitions created ahead.
 pub async fn run(
     store: Arc<Store>,
     retention: Option<Duration>,
@@ -145,11 +215,10 @@ pub async fn run(
     catch_up: Arc<CatchUp>,
     shutdown: CancellationToken,
 ) {
-    let Some(retention) = retention else {
-        info!("retention disabled (OUTBOX_RETENTION=0): published rows are kept");
-        return;
-    };
-    info!(retention_secs = retention.as_secs(), "retention enabled");
+    match retention {
+        Some(retention) => info!(retention_secs = retention.as_secs(), "retention enabled"),
+        None => info!("retention disabled (OUTBOX_RETENTION=0): published rows are kept"),
+    }
     let mut outage = Outage::new("retention");
     let mut ticker = tokio::time::interval(INTERVAL);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -159,9 +228,22 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
         }
         let started = Instant::now();
-        // A batch is one short transaction, so letting the one in flight
-        // finish on shutdown costs at most a few milliseconds.
-        match run_pass(&store, retention, BATCH_SIZE, &metrics, &catch_up, &shutdown).await {
+        let partitioned = run_partitioned_pass(&store, retention, &metrics, &catch_up, &shutdown).await;
+        let pass = match (partitioned, retention) {
+            (Ok(Some((_, rows))), _) => Ok(rows),
+            (Ok(None), None) => {
+                // A plain table and nothing to delete: nothing to do, ever.
+                outage.succeeded();
+                return;
+            }
+            // A batch is one short transaction, so letting the one in
+            // flight finish on shutdown costs at most a few milliseconds.
+            (Ok(None), Some(retention)) => {
+                run_pass(&store, retention, BATCH_SIZE, &metrics, &catch_up, &shutdown).await
+            }
+            (Err(error), _) => Err(error),
+        };
+        match pass {
             Ok(pass) => {
                 outage.succeeded();
                 if pass.deleted > 0 {

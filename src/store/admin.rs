@@ -339,7 +339,24 @@ impl Store {
         older_than: Duration,
         limit: i64,
     ) -> Result<RetentionBatch, StoreError> {
-        let sql = self.admin_sql().delete_retained;
+        self.delete_retained_from(None, older_than, limit).await
+    }
+
+    /// [`Store::delete_retained`] in one partition of a partitioned table
+    /// (`partition` as [`Store::partitions`] names it), or in the whole
+    /// table (`None`). The retention lock is the table's either way.
+    pub async fn delete_retained_from(
+        &self,
+        partition: Option<&str>,
+        older_than: Duration,
+        limit: i64,
+    ) -> Result<RetentionBatch, StoreError> {
+        let sql = match partition {
+            None => self.admin_sql().delete_retained,
+            Some(partition) => {
+                super::casts::render(&include_str!("sql/delete_retained.sql").replace("{table}", partition))
+            }
+        };
         let table = self.table.quoted();
         let batch = within(READ_TIMEOUT, async {
             let mut client = self.pool.get().await?;

@@ -11,6 +11,7 @@ mod columns;
 mod connect;
 mod listen;
 mod migrate;
+mod partitions;
 mod pooler;
 mod presence;
 mod settings;
@@ -35,6 +36,7 @@ pub use columns::{
 pub use connect::{PgTls, SslMode};
 pub use listen::listen;
 pub use migrate::{migrate, MIGRATIONS};
+pub use partitions::{Granularity, Partition, PartitionPass};
 pub use pooler::Pooler;
 pub use settings::{DatabaseSettings, ListenSettings, MigrateSettings};
 pub use table::{describe_pg, DatabaseConfig, Endpoint, TableName};

@@ -135,6 +135,10 @@ struct Scenario {
     /// an attempt charged beyond a row's delivery would be an outage
     /// charged to the row.
     outages: bool,
+    /// The table is made by `migrate --partitioned hourly`, with a few
+    /// narrow partitions by hand over the start of the producer's range,
+    /// so rows lie in several partitions and in DEFAULT.
+    partitioned: bool,
 }
 
 /// Enough that chaos never quarantines a row: every kill charges the rows
@@ -155,6 +159,7 @@ const MAIN_RUN: Scenario = Scenario {
     routes: false,
     max_attempts: MANY_ATTEMPTS,
     outages: false,
+    partitioned: false,
 };
 
 impl Scenario {
@@ -281,6 +286,7 @@ impl Run {
         };
         let db = match &private {
             Some((postgres, _)) => postgres.migrated_database().await,
+            None if scenario.partitioned => partitioned_database().await,
             None => TestDb::migrated().await,
         };
         // The producer writes a W3C traceparent into every row, which every
@@ -405,6 +411,36 @@ impl Run {
     }
 }
 
+/// A database whose outbox table `migrate --partitioned hourly` made, with
+/// three 5-second partitions from an hour ago, where the producer's rows
+/// begin (see producer.rs): its events fill those, then DEFAULT.
+async fn partitioned_database() -> TestDb {
+    let db = TestDb::create().await;
+    let out = db
+        .relay_command(&["migrate", "--partitioned", "hourly"], &[])
+        .output()
+        .expect("run migrate");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    db.client
+        .batch_execute(
+            "DO $$
+             DECLARE
+                 start timestamptz := date_trunc('second', now() - interval '1 hour');
+             BEGIN
+                 FOR i IN 0..2 LOOP
+                     -- Never over the current hour's partition.
+                     EXIT WHEN start + (i + 1) * interval '5 seconds' > date_trunc('hour', now());
+                     EXECUTE format(
+                         'CREATE TABLE outbox_event_chaos_%s PARTITION OF outbox_event FOR VALUES FROM (%L) TO (%L)',
+                         i, start + i * interval '5 seconds', start + (i + 1) * interval '5 seconds');
+                 END LOOP;
+             END $$",
+        )
+        .await
+        .expect("narrow partitions");
+    db
+}
+
 fn amqp_addr(url: &str) -> SocketAddr {
     let url = url::Url::parse(url).expect("the AMQP URL is a URL");
     let host = url.host_str().expect("the AMQP URL has a host").to_owned();
@@ -495,6 +531,16 @@ async fn rabbitmq_under_chaos_through(scenario: Scenario, through_pgbouncer: boo
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_relays_killed_and_cut_at_random_lose_nothing_and_effects_apply_once() {
     rabbitmq_under_chaos(MAIN_RUN).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq_on_a_partitioned_table_relays_killed_and_cut_at_random_lose_nothing() {
+    rabbitmq_under_chaos(Scenario {
+        name: "rabbitmq-partitioned",
+        partitioned: true,
+        ..MAIN_RUN
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

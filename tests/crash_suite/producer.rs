@@ -23,7 +23,8 @@ pub const EVENT_TYPE: &str = "chaos.test";
 /// behind rows already published. Event `n` has an id derived from `n`,
 /// so a chunk whose commit the producer did not see (the database
 /// restarted) is inserted again, on a new connection, without doubling
-/// any event.
+/// any event. `ON CONFLICT` names no columns: on a partitioned table the
+/// key is `(id, created_at)`, which a re-insert repeats.
 ///
 /// Each row carries a W3C `traceparent` derived from its id (see
 /// [`traceparent`]), as a producer writes its current trace context.
@@ -70,7 +71,7 @@ pub fn start_producer_of(
                             jsonb_build_object('traceparent',
                                 '00-' || md5($8::text || n) || '-' || left(md5($8::text || n), 16) || '-01')
                      FROM generate_series($1::bigint, $2::bigint) AS n
-                     ON CONFLICT (id) DO NOTHING",
+                     ON CONFLICT DO NOTHING",
                     &[
                         &from,
                         &to,

@@ -9,6 +9,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 use tracing::{info, warn};
 
+use super::partitions::{self, Granularity};
 use super::{Pooler, StoreError, TableName};
 use indexes::Build;
 use statements::{IndexPlan, Statement};
@@ -68,17 +69,40 @@ impl Migration {
 
     /// The file without its index statements (those are [`indexes`]'
     /// business), rendered for `table`: what runs in the transaction.
-    fn catalog_sql(&self, table: &TableName) -> Result<String, StoreError> {
+    ///
+    /// On a partitioned table, storage parameters (`ALTER TABLE … SET (…)`)
+    /// are left out: PostgreSQL refuses them on the parent, and the
+    /// partitions are created with them.
+    fn catalog_sql(&self, table: &TableName, partitioned: bool) -> Result<String, StoreError> {
         let catalog: Vec<String> = self
             .statements()?
             .into_iter()
             .filter_map(|statement| match statement {
+                Statement::Catalog(sql) if partitioned && sets_storage_parameters(sql) => None,
                 Statement::Catalog(sql) => Some(render(sql, table)),
                 Statement::CreateIndex(_) | Statement::DropIndex(_) => None,
             })
             .collect();
         Ok(catalog.join(";\n"))
     }
+}
+
+/// Whether a catalog statement sets the table's storage parameters.
+fn sets_storage_parameters(sql: &str) -> bool {
+    let words: Vec<&str> = statements_words(sql);
+    words.len() >= 4
+        && words[0].eq_ignore_ascii_case("ALTER")
+        && words[1].eq_ignore_ascii_case("TABLE")
+        && words[3].eq_ignore_ascii_case("SET")
+        && words.get(4).is_some_and(|word| word.starts_with('('))
+}
+
+/// The words of a statement, comments left out.
+fn statements_words(sql: &str) -> Vec<&str> {
+    sql.lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .flat_map(str::split_whitespace)
+        .collect()
 }
 
 /// Fills the placeholders of migration and trigger SQL for one table.
@@ -93,6 +117,7 @@ fn render(sql: &str, table: &TableName) -> String {
         .replace("{tried_index}", &table.derived("tried_idx"))
         .replace("{notify_function}", &table.qualified_derived("relay_notify"))
         .replace("{notify_trigger}", &table.derived("relay_notify"))
+        .replace("{default_partition}", &partitions::default_partition(table))
         .replace(
             "{notify_channel_literal}",
             &format!("'{}'", table.notify_channel()),
@@ -128,11 +153,22 @@ fn render(sql: &str, table: &TableName) -> String {
 /// `notify_trigger` installs (or removes) the NOTIFY trigger that wakes idle
 /// relays; it is applied on every run, and only touches the table when the
 /// trigger's presence has to change.
+///
+/// `partitioned` (`migrate --partitioned daily|hourly`) creates the table
+/// partitioned by range of `created_at` when it does not exist yet, with
+/// a DEFAULT partition and the partitions of the next days or hours; an
+/// existing plain table is refused, never converted (docs/operations.md
+/// says how to convert one without downtime). An existing partitioned
+/// table is found by itself, flag or not: its indexes are built on the
+/// parent, which cascades them to every partition, without
+/// `CONCURRENTLY`, which PostgreSQL does not support on a partitioned
+/// table.
 pub async fn migrate(
     client: &mut Client,
     table: &TableName,
     notify_trigger: bool,
     pooler: Pooler,
+    partitioned: Option<Granularity>,
 ) -> Result<Vec<String>, StoreError> {
     let plan = index_plan(table)?;
     match pooler {
@@ -140,7 +176,7 @@ pub async fn migrate(
             let tx = client.transaction().await?;
             tx.batch_execute(include_str!("../sql/migrate_lock_transaction.sql"))
                 .await?;
-            let mut done = apply_catalog(&tx, table, notify_trigger).await?;
+            let mut done = apply_catalog(&tx, table, notify_trigger, partitioned).await?;
             let built = indexes::ensure(&tx, table, &plan, Build::InTransaction).await?;
             if !built.is_empty() {
                 warn!(
@@ -151,6 +187,7 @@ pub async fn migrate(
             }
             done.extend(built);
             tx.commit().await?;
+            done.extend(create_initial_partitions(client, table, partitioned).await?);
             Ok(done)
         }
         Pooler::None => {
@@ -164,14 +201,20 @@ pub async fn migrate(
             let result = async {
                 let started = std::time::Instant::now();
                 let tx = client.transaction().await?;
-                let mut done = apply_catalog(&tx, table, notify_trigger).await?;
+                let mut done = apply_catalog(&tx, table, notify_trigger, partitioned).await?;
                 tx.commit().await?;
                 // How long producers could have waited for this run.
                 info!(
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "catalog changes committed"
                 );
-                done.extend(indexes::ensure(&*client, table, &plan, Build::Concurrently).await?);
+                let build = if partitions::is_partitioned(&*client, table).await? {
+                    Build::InTransaction
+                } else {
+                    Build::Concurrently
+                };
+                done.extend(indexes::ensure(&*client, table, &plan, build).await?);
+                done.extend(create_initial_partitions(client, table, partitioned).await?);
                 Ok::<_, StoreError>(done)
             }
             .await;
@@ -221,6 +264,7 @@ async fn apply_catalog(
     tx: &Transaction<'_>,
     table: &TableName,
     notify_trigger: bool,
+    partitioned: Option<Granularity>,
 ) -> Result<Vec<String>, StoreError> {
     let schema_sql = table
         .schema()
@@ -251,8 +295,28 @@ async fn apply_catalog(
         .map(|row| row.get(0))
         .collect();
     let mut done = Vec::new();
+    if let Some(granularity) = partitioned {
+        let exists: bool = tx
+            .query_typed_one(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[(&table.quoted(), Type::TEXT)],
+            )
+            .await?
+            .get(0);
+        if !exists {
+            tx.batch_execute(&render(include_str!("../sql/partitioned_create.sql"), table))
+                .await?;
+            done.push(format!("partitioned table created ({granularity:?})").to_lowercase());
+        } else if !partitions::is_partitioned(tx, table).await? {
+            return Err(StoreError::Migration(format!(
+                "--partitioned: {table} exists and is not partitioned; migrate never converts a table \
+                 (docs/operations.md describes converting one without downtime)"
+            )));
+        }
+    }
+    let partitioned_table = partitions::is_partitioned(tx, table).await?;
     for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
-        let catalog = migration.catalog_sql(table)?;
+        let catalog = migration.catalog_sql(table, partitioned_table)?;
         if !catalog.is_empty() {
             tx.batch_execute(&catalog).await?;
         }
@@ -274,7 +338,8 @@ async fn apply_catalog(
         .iter()
         .find(|m| m.version == 5 && applied.contains(&m.version))
     {
-        tx.batch_execute(&notify.catalog_sql(table)?).await?;
+        tx.batch_execute(&notify.catalog_sql(table, partitioned_table)?)
+            .await?;
     }
     let trigger_name = table.derived("relay_notify");
     let installed: bool = tx
@@ -297,6 +362,24 @@ async fn apply_catalog(
         done.push("NOTIFY trigger removed".to_owned());
     }
     Ok(done)
+}
+
+/// With `--partitioned`, the partitions from the current day or hour on,
+/// made the way retention makes them ahead of time (after the indexes, so
+/// each new partition gets them as it is attached).
+async fn create_initial_partitions(
+    client: &mut Client,
+    table: &TableName,
+    partitioned: Option<Granularity>,
+) -> Result<Vec<String>, StoreError> {
+    let Some(granularity) = partitioned else {
+        return Ok(Vec::new());
+    };
+    let created = partitions::create_ahead(client, table, granularity.width()).await?;
+    Ok(created
+        .into_iter()
+        .map(|name| format!("partition {name} created"))
+        .collect())
 }
 
 /// Every index the migrations leave on `table` (see [`IndexPlan`]).
@@ -340,11 +423,22 @@ mod tests {
             .create_sql(true)
             .starts_with("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_event_pending_idx\" ON \"app\".\"outbox_event\" (created_at, id)"));
         for migration in MIGRATIONS {
-            let catalog = migration.catalog_sql(&table).unwrap();
+            let catalog = migration.catalog_sql(&table, false).unwrap();
+            assert!(!migration
+                .catalog_sql(&table, true)
+                .unwrap()
+                .contains("fillfactor ="));
             assert!(!catalog.contains("CREATE INDEX"), "{}", migration.name);
             assert!(!catalog.contains('{'), "a placeholder left in {}", migration.name);
         }
         let indexes = MIGRATIONS.iter().find(|m| m.version == 3).unwrap();
-        assert!(indexes.catalog_sql(&table).unwrap().contains("fillfactor = 80"));
+        assert!(indexes
+            .catalog_sql(&table, false)
+            .unwrap()
+            .contains("fillfactor = 80"));
+        assert!(sets_storage_parameters(
+            "ALTER TABLE {table} SET (fillfactor = 80)"
+        ));
+        assert!(!sets_storage_parameters("ALTER TABLE {table} ADD COLUMN x INT"));
     }
 }

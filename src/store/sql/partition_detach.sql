@@ -1,0 +1,12 @@
+-- Drops one settled partition (see partition_settled.sql), in the
+-- caller's transaction, which then checks it again before committing.
+--
+-- DETACH … CONCURRENTLY is refused while a DEFAULT partition exists, and
+-- the DEFAULT partition is what keeps producers' INSERTs from ever
+-- failing; so this is the plain DETACH, which takes ACCESS EXCLUSIVE on
+-- the parent. It holds it for a catalog change of milliseconds; the wait
+-- for it is bounded by the transaction's short lock_timeout, which is
+-- also the longest a producer queued behind it can wait. A DROP of an
+-- attached partition would lock the parent the same way, so the
+-- partition is detached and dropped in one transaction.
+ALTER TABLE {table} DETACH PARTITION {partition}

@@ -1,0 +1,2 @@
+-- The detached partition, once checked again under the detach's lock.
+DROP TABLE {partition}
