@@ -63,6 +63,8 @@ const LOCKING_CLAIM: &str =
      WHERE published_at IS NULL AND quarantined_at IS NULL AND next_attempt_at <= now()
      ORDER BY created_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
 
+const MARK_BATCH: &str = "UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)";
+
 fn event_of(row: &tokio_postgres::Row) -> Event {
     Event {
         id: row.get(0),
@@ -148,10 +150,14 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let exchange = broker.exchange.clone();
         let batch_size = options.batch_size as i64;
+        // Prepared once per loop, as a hand-written loop would: each batch
+        // is then two round trips of statements PostgreSQL has planned.
+        let claim = client.prepare(LOCKING_CLAIM).await?;
+        let mark = client.prepare(MARK_BATCH).await?;
         loops.push(tokio::spawn(async move {
             loop {
                 let tx = client.transaction().await?;
-                let rows = tx.query(LOCKING_CLAIM, &[&batch_size]).await?;
+                let rows = tx.query(&claim, &[&batch_size]).await?;
                 if rows.is_empty() {
                     return Ok::<(), Error>(());
                 }
@@ -166,11 +172,7 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
                     assert!(confirmation?.is_ack());
                 }
                 let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
-                tx.execute(
-                    "UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)",
-                    &[&ids],
-                )
-                .await?;
+                tx.execute(&mark, &[&ids]).await?;
                 tx.commit().await?;
             }
         }));
