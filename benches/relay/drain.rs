@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use outbox_test_support::RelayProcess;
 
-use crate::fixture::{arrivals, broker, database, prefill_for_drain, relay_settings, unpublished, TestDb};
+use crate::fixture::{
+    arrivals, broker, database, prefill_for_drain, prefill_spread, relay_settings, unpublished, TestDb,
+};
 use crate::meter::{proc_usage, Meter, Run};
 use crate::{Error, Options};
 
@@ -44,6 +46,13 @@ pub struct Setup {
     pub traced: bool,
     /// More variables for the relays.
     pub environment: &'static [(&'static str, &'static str)],
+    /// A daily-partitioned table (`migrate --partitioned daily`) with a
+    /// partition for each day the rows were created on.
+    pub partitioned: bool,
+    /// The rows created from midnight UTC this many days ago up to now,
+    /// rather than all now; `--fillfactor` does not apply then (a
+    /// partitioned parent refuses storage parameters).
+    pub spread_days: u32,
 }
 
 pub async fn drain(options: &Options, replicas: usize) -> Result<Drain, Error> {
@@ -56,7 +65,12 @@ pub async fn drain_with(
     rows: usize,
     setup: Setup,
 ) -> Result<Drain, Error> {
-    let db = database(options).await;
+    let db = if setup.partitioned {
+        let past = -i32::try_from(setup.spread_days)?..=-1;
+        crate::partitioned::database(options, past).await?
+    } else {
+        database(options).await
+    };
     let broker = broker(options).await;
     if setup.retained > 0 {
         seed_retained(&db, setup.retained).await?;
@@ -64,7 +78,11 @@ pub async fn drain_with(
     if setup.traced {
         add_trace_headers(&db).await?;
     }
-    prefill_for_drain(&db, options, rows).await?;
+    if setup.spread_days > 0 {
+        prefill_spread(&db, rows, setup.spread_days).await?;
+    } else {
+        prefill_for_drain(&db, options, rows).await?;
+    }
     if setup.traced {
         trace_rows(&db).await?;
     }
@@ -156,11 +174,16 @@ async fn table_stats(db: &TestDb) -> Result<TableStats, Error> {
     // The statistics a backend reports when it ends, or at the latest
     // every second; the snapshot of this session is dropped first.
     db.client.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+    // A partitioned table's rows are in its partitions, so they are
+    // summed; pg_partition_tree lists nothing for a plain table.
     let row = db
         .client
         .query_one(
-            "SELECT n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup
-             FROM pg_stat_user_tables WHERE relid = 'outbox_event'::regclass",
+            "SELECT sum(n_tup_upd)::bigint, sum(n_tup_hot_upd)::bigint, sum(n_tup_del)::bigint,
+                    sum(n_dead_tup)::bigint
+             FROM pg_stat_user_tables
+             WHERE relid = 'outbox_event'::regclass
+                OR relid IN (SELECT relid FROM pg_partition_tree('outbox_event'))",
             &[],
         )
         .await?;

@@ -60,11 +60,31 @@ pub fn payload_sql() -> &'static str {
 
 /// `rows` unpublished events in the table, vacuumed and analysed.
 pub async fn prefill(db: &TestDb, rows: usize) -> Result<(), Error> {
+    insert_unpublished(db, rows, "now()").await
+}
+
+/// Midnight UTC `days` days from today (negative: the past), as SQL.
+pub fn midnight_utc(days: i32) -> String {
+    format!("(((now() AT TIME ZONE 'UTC')::date + {days})::timestamp AT TIME ZONE 'UTC')")
+}
+
+/// Like [`prefill`], the rows created evenly from midnight UTC `days`
+/// days ago up to now, oldest first, so that on a partitioned table they
+/// fill that many daily partitions and today's.
+pub async fn prefill_spread(db: &TestDb, rows: usize, days: u32) -> Result<(), Error> {
+    let start = midnight_utc(-i32::try_from(days)?);
+    let created_at = format!("{start} + (n - 1)::float8 / {rows} * (now() - {start})");
+    insert_unpublished(db, rows, &created_at).await
+}
+
+/// `rows` unpublished events created at `created_at` (SQL of `n`, the
+/// row's number from 1), vacuumed and analysed.
+async fn insert_unpublished(db: &TestDb, rows: usize, created_at: &str) -> Result<(), Error> {
     db.client
         .execute(
             &format!(
-                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload)
-                 SELECT gen_random_uuid(), 'order.created', 'order-' || (n % 5000), {}
+                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+                 SELECT gen_random_uuid(), 'order.created', 'order-' || (n % 5000), {}, {created_at}
                  FROM generate_series(1, $1::bigint) AS n",
                 payload_sql()
             ),

@@ -28,11 +28,13 @@
 //!   drain alone, beside another draining and beside a faulty one, and the
 //!   memory of a relay serving many idle sources;
 //! - with `--tracing`: the drain with publish spans off, exported over
-//!   OTLP and made but not sampled.
+//!   OTLP and made but not sampled;
+//! - with `--partitioned`: a drain and retention on a daily-partitioned
+//!   table against a plain one, producers inserting during retention.
 //!
 //! One module per kind of run: [`drain`] (the relay), [`baselines`] (what
 //! it is measured against), [`steady`], [`notify_cost`], [`sqs`], [`nats`], [`kafka`],
-//! [`scale`], [`migrate_lock`], [`sources`] and [`tracing_cost`]; what they start from is in [`fixture`],
+//! [`scale`], [`migrate_lock`], [`sources`], [`tracing_cost`] and [`partitioned`]; what they start from is in [`fixture`],
 //! what they measure with in [`meter`], and [`report`] prints the tables.
 
 mod baselines;
@@ -43,6 +45,7 @@ mod meter;
 mod migrate_lock;
 mod nats;
 mod notify_cost;
+mod partitioned;
 mod report;
 mod scale;
 mod sources;
@@ -187,6 +190,25 @@ struct Options {
     /// Only the tracing runs.
     #[arg(long)]
     only_tracing: bool,
+    /// Also a drain and retention on a daily-partitioned table against a
+    /// plain one (retention seeds take minutes at the default size).
+    #[arg(long)]
+    partitioned: bool,
+    /// Only the partitioned-table runs.
+    #[arg(long)]
+    only_partitioned: bool,
+    /// `--partitioned`: rows of each drain, created over the last three
+    /// days and today.
+    #[arg(long, default_value = "100000")]
+    partition_rows: usize,
+    /// `--partitioned`: old published rows retention removes, on each
+    /// kind of table.
+    #[arg(long, default_value = "2000000")]
+    partition_retained_rows: usize,
+    /// `--partitioned`: producer connections inserting single rows during
+    /// retention.
+    #[arg(long, default_value = "4")]
+    partition_producers: usize,
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
@@ -274,6 +296,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.only_tracing {
         return tracing_cost::run(&options).await;
+    }
+    if options.only_partitioned {
+        return partitioned::run(&options).await;
     }
     let bare = median_of(
         options.repeat,
@@ -413,6 +438,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.tracing {
         tracing_cost::run(&options).await?;
+    }
+    if options.partitioned {
+        partitioned::run(&options).await?;
     }
     Ok(())
 }

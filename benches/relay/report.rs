@@ -118,7 +118,7 @@ pub fn drain_table(options: &Options, bare: &Run, naive: Option<&Run>, locked: &
 }
 
 /// PostgreSQL's CPU time per event of a run, in microseconds.
-fn postgres_us_per_event(run: &Run) -> f64 {
+pub fn postgres_us_per_event(run: &Run) -> f64 {
     run.postgres_percent / 100.0 / run.events_per_second * 1e6
 }
 

@@ -42,7 +42,8 @@ fn store(db: &TestDb) -> Result<Store, Error> {
     Ok(Store::new(&database, 2))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+/// The `p` quantile (0 to 1) of `sorted`, nearest rank.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted.get(index).copied().unwrap_or_default()
 }
