@@ -32,14 +32,11 @@ struct Row {
 }
 
 async fn database(headers_column: bool) -> TestDb {
-    let db = TestDb::migrated().await;
     if headers_column {
-        db.client
-            .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
-            .await
-            .expect("add the headers column");
+        TestDb::migrated_with_headers().await
+    } else {
+        TestDb::migrated().await
     }
-    db
 }
 
 /// Inserts a row; `headers` only on a table with the column.

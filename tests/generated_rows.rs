@@ -1202,11 +1202,7 @@ async fn generated_rows_end_published_or_quarantined(kind: Kind, default_rows: u
     );
     let mut generator = Generator::new(base_seed ^ kind.salt().wrapping_mul(0x9E37_79B9_7F4A_7C15));
 
-    let db = TestDb::migrated().await;
-    db.client
-        .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
-        .await
-        .expect("add the headers column");
+    let db = TestDb::migrated_with_headers().await;
     let target = Target::create(kind).await;
 
     // Every row is in before the relay starts, so batches mix the good and

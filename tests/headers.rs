@@ -21,16 +21,6 @@ const WAIT: Duration = Duration::from_secs(120);
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
-/// A migrated database whose table has the producer's `headers` column.
-async fn with_headers_column() -> TestDb {
-    let db = TestDb::migrated().await;
-    db.client
-        .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
-        .await
-        .expect("add the headers column");
-    db
-}
-
 /// Inserts a row of `event_type` with `headers` (JSON text, or NULL).
 async fn insert(db: &TestDb, event_type: &str, headers: Option<&str>) -> Uuid {
     let id = Uuid::new_v4();
@@ -130,7 +120,7 @@ fn sqs_env(queue: &TestQueue) -> Vec<(&'static str, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_carries_the_headers_column_verbatim() {
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     let broker = TestBroker::create("#").await;
     let with_all = insert(&db, "order.created", Some(&as_json(&carried()))).await;
     let null = insert(&db, "order.created", None).await;
@@ -184,7 +174,7 @@ async fn rabbitmq_messages_are_unchanged_without_the_column() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rabbitmq_quarantines_headers_it_cannot_carry_at_once() {
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     let broker = TestBroker::create("#").await;
     let mut good = vec![insert(&db, "order.created", Some(&as_json(&carried()))).await];
     let big = "v".repeat(200_000);
@@ -234,7 +224,7 @@ async fn rabbitmq_quarantines_headers_it_cannot_carry_at_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sqs_carries_the_headers_column_as_string_attributes() {
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     let queue = TestQueue::create(false, None).await;
     let with_all = insert(&db, "order.created", Some(&as_json(&carried()))).await;
     let null = insert(&db, "order.created", None).await;
@@ -280,7 +270,7 @@ async fn sqs_messages_are_unchanged_without_the_column() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sqs_quarantines_headers_it_cannot_carry_at_once() {
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     // The smallest MaximumMessageSize SQS allows, for the size case.
     let queue = TestQueue::create(false, Some(1024)).await;
     // Seven headers and the relay's three attributes: the most SQS takes.
@@ -361,7 +351,7 @@ fn lines_with(log: &Log, report: &str) -> Vec<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trace_continues_through_the_relay() {
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     let broker = TestBroker::create("#").await;
     let traced = insert(
         &db,

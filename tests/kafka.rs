@@ -23,12 +23,7 @@ const WAIT: Duration = Duration::from_secs(120);
 
 /// A migrated database whose table has the producer's `headers` column.
 async fn setup() -> TestDb {
-    let db = TestDb::migrated().await;
-    db.client
-        .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
-        .await
-        .expect("add the headers column");
-    db
+    TestDb::migrated_with_headers().await
 }
 
 /// Settings that make a test relay react quickly, publishing to `mock`

@@ -163,15 +163,6 @@ impl Receiver {
     }
 }
 
-async fn with_headers_column() -> TestDb {
-    let db = TestDb::migrated().await;
-    db.client
-        .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
-        .await
-        .expect("add the headers column");
-    db
-}
-
 async fn insert(db: &TestDb, event_type: &str, headers: Option<serde_json::Value>) -> Uuid {
     let id = Uuid::new_v4();
     let headers = headers.map(|value| value.to_string());
@@ -226,7 +217,7 @@ fn outcome_of(spans: &[ReceivedSpan]) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread")]
 async fn publish_spans_continue_the_rows_trace_and_messages_name_them() {
     let receiver = Receiver::start().await;
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     // Bound for `order.*` only: a `lost.*` message comes back unroutable.
     let broker = TestBroker::create("order.*").await;
     let traced = insert(&db, "order.created", Some(trace_headers())).await;
@@ -337,7 +328,7 @@ async fn publish_spans_continue_the_rows_trace_and_messages_name_them() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_deferred_publish_says_so_on_its_span() {
     let receiver = Receiver::start().await;
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     // Room for nothing: the broker nacks every message.
     let broker = TestBroker::create_rejecting_beyond("#", 0).await;
     let id = insert(&db, "order.created", Some(trace_headers())).await;
@@ -384,7 +375,7 @@ async fn nothing_is_exported_and_headers_stay_verbatim_without_the_variables() {
         ],
     ];
     for case in cases {
-        let db = with_headers_column().await;
+        let db = TestDb::migrated_with_headers().await;
         let broker = TestBroker::create("#").await;
         let id = insert(&db, "order.created", Some(trace_headers())).await;
         let mut env = broker.env();
@@ -413,7 +404,7 @@ async fn a_collector_that_is_down_never_holds_up_a_publish() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let db = with_headers_column().await;
+    let db = TestDb::migrated_with_headers().await;
     let broker = TestBroker::create("#").await;
     for _ in 0..300 {
         insert(&db, "order.created", Some(trace_headers())).await;

@@ -25,6 +25,17 @@ impl<R: RelayBinary> TestDb<R> {
         Self::migrated_at(&pg_admin_url()).await
     }
 
+    /// A migrated database whose table also has the producer's optional
+    /// `headers` column.
+    pub async fn migrated_with_headers() -> Self {
+        let db = Self::migrated().await;
+        db.client
+            .batch_execute("ALTER TABLE outbox_event ADD COLUMN headers JSONB")
+            .await
+            .expect("add the headers column");
+        db
+    }
+
     /// Creates a database through `admin_url` and runs `outbox-relay
     /// migrate` on it.
     pub async fn migrated_at(admin_url: &str) -> Self {
