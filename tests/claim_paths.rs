@@ -1,7 +1,8 @@
-//! The claim's two paths (migrations/0007_claim_paths.sql): due rows are
+//! The claim's two paths (migrations/0008_hot_lease.sql): due rows are
 //! claimed, and nothing else is touched, however many rows are backing
-//! off, leased, quarantined or published ahead of them; the claim reads
-//! the untried and tried indexes, never the table. Correctness only: how
+//! off, leased (by this relay or an older one), quarantined or published
+//! ahead of them; the claim reads the fresh and retry indexes, never the
+//! table. Correctness only: how
 //! long a claim takes behind 500,000 rows is measured by the benchmark.
 
 mod common;
@@ -40,6 +41,7 @@ const AHEAD: i64 = 3000;
 /// Fills the table, set-based, with rows the claim must leave alone, all
 /// created a day ago, each kind its own event type and aggregate range:
 /// backing off (tried, due in an hour), leased (claimed, lease running),
+/// leased by a relay older than the lease column (next_attempt_at ahead),
 /// quarantined and published. Then `due_tried` retries whose backoff has
 /// run out (created an hour ago, due 1..n seconds ago, the oldest due
 /// first) and `due_untried` new rows; returns their ids in that order.
@@ -47,18 +49,19 @@ async fn seed(db: &TestDb, due_tried: usize, due_untried: usize) -> (Vec<Uuid>, 
     db.client
         .execute(
             "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
-                                       attempt_count, next_attempt_at, last_error, quarantined_at, published_at)
+                                       attempt_count, next_attempt_at, leased_until, last_error, quarantined_at, published_at)
              SELECT gen_random_uuid(), kind, kind || '-' || (n % 50), jsonb_build_object('n', n),
                     now() - interval '1 day' + n * interval '1 millisecond',
-                    CASE kind WHEN 'backing-off' THEN 3 WHEN 'leased' THEN 1 WHEN 'quarantined' THEN 10 ELSE 1 END,
+                    CASE kind WHEN 'backing-off' THEN 3 WHEN 'quarantined' THEN 10 ELSE 1 END,
                     CASE kind WHEN 'backing-off' THEN now() + interval '1 hour'
-                              WHEN 'leased' THEN now() + interval '10 minutes'
+                              WHEN 'leased-earlier' THEN now() + interval '10 minutes'
                               ELSE now() - interval '1 day' END,
+                    CASE WHEN kind = 'leased' THEN now() + interval '10 minutes' END,
                     CASE WHEN kind IN ('backing-off', 'quarantined') THEN 'refused' END,
                     CASE WHEN kind = 'quarantined' THEN now() END,
                     CASE WHEN kind = 'published' THEN now() END
              FROM generate_series(1, $1::bigint) AS n,
-                  unnest(ARRAY['backing-off', 'leased', 'quarantined', 'published']) AS kind",
+                  unnest(ARRAY['backing-off', 'leased', 'leased-earlier', 'quarantined', 'published']) AS kind",
             &[&AHEAD],
         )
         .await
@@ -102,6 +105,10 @@ async fn assert_rows_ahead_untouched(db: &TestDb) {
         ),
         (
             "leased",
+            "attempt_count = 1 AND leased_until > now() + interval '5 minutes' AND published_at IS NULL AND quarantined_at IS NULL",
+        ),
+        (
+            "leased-earlier",
             "attempt_count = 1 AND next_attempt_at > now() + interval '5 minutes' AND published_at IS NULL AND quarantined_at IS NULL",
         ),
         ("quarantined", "attempt_count = 10 AND quarantined_at IS NOT NULL"),
@@ -146,7 +153,7 @@ async fn due_rows_are_claimed_past_rows_backing_off_leased_quarantined_and_publi
     assert!(third.events.is_empty(), "claimed {:?}", ids(&third));
     assert_rows_ahead_untouched(&db).await;
     assert_eq!(
-        db.count("event_type IN ('retry', 'new') AND next_attempt_at > now() + interval '5 minutes'")
+        db.count("event_type IN ('retry', 'new') AND leased_until > now() + interval '5 minutes'")
             .await,
         10,
         "every due row leased once"
@@ -185,10 +192,10 @@ async fn rows_move_between_the_paths_as_claims_and_outcomes_change_them() {
     assert_eq!(again.events[0].attempt_count, 1, "the refunded attempt");
 
     // A lease that has run out (a relay that died mid-publish) makes its
-    // row due again on the tried path, counted once more.
+    // row due again where it lies, counted once more.
     db.client
         .execute(
-            "UPDATE outbox_event SET next_attempt_at = now() - interval '1 second' WHERE id = $1",
+            "UPDATE outbox_event SET leased_until = now() - interval '1 second' WHERE id = $1",
             &[&untried[3]],
         )
         .await
@@ -321,7 +328,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             !plan.contains("Seq Scan on outbox_event"),
             "{what} scans the table:\n{plan}"
         );
-        for index in ["outbox_event_tried_idx", "outbox_event_untried_idx"] {
+        for index in ["outbox_event_retry_idx", "outbox_event_fresh_idx"] {
             assert!(plan.contains(index), "{what} does not use {index}:\n{plan}");
         }
         assert!(

@@ -288,8 +288,8 @@ async fn a_confirmed_row_whose_lease_ran_out_is_recorded_not_claimed_again() {
     let db = TestDb::migrated().await;
     Rows::pending(3).insert(&db).await;
     let store = store(&db);
-    // Leases that run out at once: these rows are due again, on the tried
-    // path, by the time their confirmations are recorded.
+    // Leases that run out at once: these rows are due again by the time
+    // their confirmations are recorded.
     let first = store
         .claim(GENEROUS, Duration::ZERO, Ordering::None)
         .await
@@ -407,4 +407,42 @@ async fn a_claim_the_caller_was_told_failed_did_not_lease_rows() {
         ),
         Err(e) => assert_eq!(leased, 0, "a claim reported as failed ({e}) leased {leased} rows"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_held_up_by_a_row_lock_gives_way_and_changes_nothing() {
+    let db = TestDb::migrated().await;
+    Rows::pending(4).insert(&db).await;
+    let store = store(&db);
+    let two = ClaimBudget { rows: 2, ..GENEROUS };
+    let first = store.claim(two, LEASE, Ordering::None).await.unwrap();
+    let (ids, attempts) = pairs(&first);
+
+    // Another session holds one of the confirmed rows, as a second
+    // worker's claim that follows an updated row version does.
+    let (mut other, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .expect("a second session");
+    tokio::spawn(connection);
+    let holder = other.transaction().await.unwrap();
+    holder
+        .execute("SELECT 1 FROM outbox_event WHERE id = $1 FOR UPDATE", &[&ids[0]])
+        .await
+        .unwrap();
+
+    let held_up = store
+        .record_and_claim(OnPublish::Mark, &ids, &attempts, two, LEASE)
+        .await
+        .expect_err("the claim cannot record a row another session holds");
+    assert!(held_up.is_contention(), "a lock wait, not an outage: {held_up}");
+    assert_eq!(db.count("published_at IS NOT NULL").await, 0, "nothing recorded");
+    assert_eq!(db.count("attempt_count > 0").await, 2, "nothing more leased");
+
+    holder.rollback().await.unwrap();
+    let next = store
+        .record_and_claim(OnPublish::Mark, &ids, &attempts, two, LEASE)
+        .await
+        .expect("the same claim once the row is free");
+    assert_eq!(next.events.len(), 2);
+    assert_eq!(db.count("published_at IS NOT NULL").await, 2);
 }

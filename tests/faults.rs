@@ -354,7 +354,7 @@ async fn a_replica_stopped_past_its_lease_loses_nothing() {
     frozen.signal("STOP");
     // Every leased row is the frozen relay's: the other is not started yet.
     let leased = db
-        .ids_where("published_at IS NULL AND attempt_count > 0 AND next_attempt_at > now()")
+        .ids_where("published_at IS NULL AND attempt_count > 0 AND leased_until > now()")
         .await;
     let mut other = RelayProcess::start(&db, &env);
     // A fault that must last: the freeze outlives the lease.

@@ -19,12 +19,12 @@ fn migrate(db: &TestDb, table: Option<&str>) -> std::process::Output {
 /// The indexes `migrate` leaves on `outbox_event`.
 const SPEC_INDEXES: [&str; 7] = [
     "outbox_event_aggregate_idx",
+    "outbox_event_fresh_idx",
     "outbox_event_pending_idx",
     "outbox_event_pkey",
     "outbox_event_published_idx",
     "outbox_event_quarantined_idx",
-    "outbox_event_tried_idx",
-    "outbox_event_untried_idx",
+    "outbox_event_retry_idx",
 ];
 
 /// The valid (finished, maintained) indexes of `table`, by name.
@@ -90,7 +90,8 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
             "attempt_count",
             "next_attempt_at",
             "last_error",
-            "quarantined_at"
+            "quarantined_at",
+            "leased_until"
         ]
     );
     assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
@@ -100,7 +101,7 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 7, "each migration recorded once");
+    assert_eq!(history, 8, "each migration recorded once");
 }
 
 /// Runs overlap: each waits for the one holding the lock (which builds
@@ -131,7 +132,7 @@ async fn concurrent_replicas_migrate_safely() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 7, "each migration recorded once");
+    assert_eq!(history, 8, "each migration recorded once");
 }
 
 /// The seed design's columns of every row, as text.
@@ -220,7 +221,7 @@ async fn a_schema_qualified_table_is_created_in_its_schema() {
     let db = TestDb::create().await;
     let out = migrate(&db, Some("billing.events_out"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(columns(&db, "billing", "events_out").await.len(), 11);
+    assert_eq!(columns(&db, "billing", "events_out").await.len(), 12);
     let index: i64 = db
         .client
         .query_one(

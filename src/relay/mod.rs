@@ -311,6 +311,16 @@ impl Relay {
                     self.metrics.ready.set(1);
                     batch
                 }
+                Err(e) if e.is_contention() => {
+                    // Another worker's statement was in the way; nothing
+                    // was claimed or recorded, and the database is fine.
+                    debug!(worker, error = %e, "claim gave way to another worker's statement; trying again");
+                    if let Some(probed) = plan.probe {
+                        self.destinations[probed].health.probe_abandoned();
+                    }
+                    sleep_or_cancel(contention_pause(), shutdown).await;
+                    continue;
+                }
                 Err(e) => {
                     self.health.claim_failed(&e);
                     self.metrics.ready.set(0);
@@ -700,7 +710,11 @@ impl Relay {
         let mut error = first_error;
         let shutdown_grace = Instant::now() + Duration::from_secs(10);
         loop {
-            let delay = state.failed(&error);
+            let delay = if error.is_contention() {
+                contention_pause()
+            } else {
+                state.failed(&error)
+            };
             let give_up_at = if shutdown.is_cancelled() {
                 deadline.min(shutdown_grace)
             } else {
@@ -720,6 +734,13 @@ impl Relay {
             }
         }
     }
+}
+
+/// How long a worker waits after its statement gave way to another
+/// worker's (see [`StoreError::is_contention`]): a few milliseconds,
+/// jittered, so that the two do not meet again in step.
+fn contention_pause() -> Duration {
+    Duration::from_millis(5 + rand::random::<u64>() % 20)
 }
 
 /// Ends the publish spans of a destination's part with each row's outcome.

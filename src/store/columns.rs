@@ -211,6 +211,16 @@ const NEEDS: &[Need] = &[
         source: Source::Migrate,
     },
     Need {
+        column: "leased_until",
+        types: &["timestamptz"],
+        tolerated: &["timestamp"],
+        cost: TIMESTAMP_COST,
+        expected: "timestamptz",
+        why: "the claim leases rows until a point in time and compares it with now()",
+        null: Null::Allowed,
+        source: Source::Migrate,
+    },
+    Need {
         column: "last_error",
         types: &["text", "varchar"],
         tolerated: &[],
@@ -421,6 +431,7 @@ mod tests {
             column("published_at", "timestamptz", false),
             column("attempt_count", "int4", true),
             column("next_attempt_at", "timestamptz", true),
+            column("leased_until", "timestamptz", false),
             column("last_error", "text", false),
             column("quarantined_at", "timestamptz", false),
         ]

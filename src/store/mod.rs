@@ -71,6 +71,19 @@ pub enum StoreError {
     Migration(String),
 }
 
+impl StoreError {
+    /// Whether the statement failed only because another statement of the
+    /// relay held a row it needed: a deadlock PostgreSQL broke, or a lock
+    /// wait cut short by the relay's lock timeout. The statement changed
+    /// nothing and the database is fine, so this is no outage: the caller
+    /// tries again at once.
+    pub fn is_contention(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        matches!(self, Self::Query(e)
+            if e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) || e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE))
+    }
+}
+
 /// The driver's top-level messages ("db error", "error connecting to
 /// server") hide the reason in their sources; logs need the whole chain.
 pub fn with_causes(error: &dyn std::error::Error) -> String {
@@ -237,6 +250,19 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// longer (migrations, admin commands) set their own with `SET LOCAL`.
 const SERVER_STATEMENT_TIMEOUT: &str = "25s";
 
+/// The longest any relay statement waits for a row lock. Claims skip
+/// locked rows, and the rows an outcome records are the worker's own
+/// leased ones, so a wait is two workers' statements in each other's way:
+/// a claim that follows an index entry to a row version another claim is
+/// updating waits for it even under `SKIP LOCKED` ("while locking updated
+/// version of tuple"), and two such claims that also record their previous
+/// batches can wait for each other. Unbounded, that is a deadlock that
+/// PostgreSQL breaks only after `deadlock_timeout` (1 s by default) of both
+/// workers idle; bounded, one statement gives up after this long, changes
+/// nothing, and its worker tries again at once (see
+/// [`StoreError::is_contention`]).
+const LOCK_WAIT_TIMEOUT: &str = "200ms";
+
 const RELAY_SETTINGS: &str = include_str!("sql/relay_settings.sql");
 
 /// Opens the pool's connections with the URL's TLS settings and libpq's
@@ -351,6 +377,7 @@ impl Store {
         //   statement here is written for a plain index scan.
         //   (Both found under load in the benchmark.)
         // - statement_timeout: see SERVER_STATEMENT_TIMEOUT.
+        // - lock_timeout: see LOCK_WAIT_TIMEOUT.
         //
         // set_config, not startup options, so poolers that refuse startup
         // options still connect. Behind a transaction pooler they are set
@@ -374,7 +401,11 @@ impl Store {
                     client
                         .query_typed(
                             RELAY_SETTINGS,
-                            &[(&false, Type::BOOL), (&SERVER_STATEMENT_TIMEOUT, Type::TEXT)],
+                            &[
+                                (&false, Type::BOOL),
+                                (&SERVER_STATEMENT_TIMEOUT, Type::TEXT),
+                                (&LOCK_WAIT_TIMEOUT, Type::TEXT),
+                            ],
                         )
                         .await
                         .map_err(HookError::Backend)?;
@@ -597,7 +628,11 @@ impl Store {
                     session
                         .query(
                             RELAY_SETTINGS,
-                            &[(&true, Type::BOOL), (&SERVER_STATEMENT_TIMEOUT, Type::TEXT)],
+                            &[
+                                (&true, Type::BOOL),
+                                (&SERVER_STATEMENT_TIMEOUT, Type::TEXT),
+                                (&LOCK_WAIT_TIMEOUT, Type::TEXT),
+                            ],
                         )
                         .await?;
                     let rows = session.query(sql, &params).await?;

@@ -111,7 +111,7 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// function and trigger). The order decides which suffix kept a name that
 /// earlier versions cut short and shared (see [`derive_name`]); a new
 /// suffix goes at the end.
-const DERIVED_SUFFIXES: [&str; 7] = [
+const DERIVED_SUFFIXES: [&str; 9] = [
     "pending_idx",
     "quarantined_idx",
     "published_idx",
@@ -119,6 +119,8 @@ const DERIVED_SUFFIXES: [&str; 7] = [
     "relay_notify",
     "untried_idx",
     "tried_idx",
+    "fresh_idx",
+    "retry_idx",
 ];
 
 /// The name of `table`'s object `suffix`, at most 63 bytes, distinct from
@@ -350,7 +352,9 @@ mod tests {
         for length in 48..=60 {
             let name = "n".repeat(length);
             let table = TableName::parse(&name).unwrap();
-            let legacy: Vec<String> = DERIVED_SUFFIXES
+            // The suffixes older versions knew; later ones were never cut.
+            let known_before = 7;
+            let legacy: Vec<String> = DERIVED_SUFFIXES[..known_before]
                 .iter()
                 .map(|suffix| {
                     let mut cut = format!("{name}_{suffix}");
@@ -358,7 +362,7 @@ mod tests {
                     cut
                 })
                 .collect();
-            assert_eq!(names_of(&table), legacy, "length {length}");
+            assert_eq!(names_of(&table)[..known_before], legacy, "length {length}");
         }
     }
 

@@ -88,7 +88,7 @@ async fn report_backlog(db: &TestDb, pending: i64) {
     let row = db
         .client
         .query_one(
-            "SELECT count(*) FILTER (WHERE next_attempt_at > now()), max(attempt_count),
+            "SELECT count(*) FILTER (WHERE next_attempt_at > now() OR leased_until > now()), max(attempt_count),
                     count(DISTINCT aggregate_id), left(max(last_error), 200)
              FROM outbox_event WHERE published_at IS NULL AND quarantined_at IS NULL",
             &[],

@@ -50,6 +50,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(5, "0005_notify_trigger.sql"),
     migration!(6, "0006_gauges_state.sql"),
     migration!(7, "0007_claim_paths.sql"),
+    migration!(8, "0008_hot_lease.sql"),
 ];
 
 /// The state table of the gauges (0006), beside the outbox table.
@@ -115,6 +116,8 @@ fn render(sql: &str, table: &TableName) -> String {
         .replace("{aggregate_index}", &table.derived("aggregate_idx"))
         .replace("{untried_index}", &table.derived("untried_idx"))
         .replace("{tried_index}", &table.derived("tried_idx"))
+        .replace("{fresh_index}", &table.derived("fresh_idx"))
+        .replace("{retry_index}", &table.derived("retry_idx"))
         .replace("{notify_function}", &table.qualified_derived("relay_notify"))
         .replace("{notify_trigger}", &table.derived("relay_notify"))
         .replace("{default_partition}", &partitions::default_partition(table))
@@ -415,8 +418,8 @@ mod tests {
                 "outbox_event_quarantined_idx",
                 "outbox_event_published_idx",
                 "outbox_event_aggregate_idx",
-                "outbox_event_untried_idx",
-                "outbox_event_tried_idx"
+                "outbox_event_fresh_idx",
+                "outbox_event_retry_idx"
             ]
         );
         assert!(plan.wanted[0]

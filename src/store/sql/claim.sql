@@ -12,18 +12,21 @@
 -- this claim: every outcome is recorded only where it still matches.
 --
 -- Plan: two range scans that stop at the LIMIT, one per claim path (see
--- migrations/0007_claim_paths.sql), so the cost of a claim does not depend
+-- migrations/0008_hot_lease.sql), so the cost of a claim does not depend
 -- on what else is in the table:
 --
--- * `tried`: the tried index from its start up to now(): only rows that
---   are due (a crashed relay's expired leases, retries whose backoff has
---   run out), oldest due first. Leased and backing-off rows lie past now()
---   in that index and are never read;
--- * `untried`: the untried index in (created_at, id) order, for what the
---   tried rows left of the batch. Its rows are due (next_attempt_at is
---   when the producer inserted them, or when an outage refunded their
---   attempt); the check on the heap row is a guard, not a filter that
---   walks.
+-- * `tried`: the retry index (rows that failed before) from its start up
+--   to now(): only rows whose backoff has run out, oldest due first; rows
+--   still backing off lie past now() in that index and are never read;
+-- * `untried`: the fresh index (rows that never failed) in (created_at, id)
+--   order, for what the tried rows left of the batch.
+--
+-- Neither index knows the lease (leased_until, so that leasing is a HOT
+-- update): both paths check it on the heap row, and walk past the rows in
+-- flight, at most the batches the relays are publishing. A lease that ran
+-- out (a dead relay's) makes its row due where it lies. next_attempt_at is
+-- checked on the fresh path too: a never-failed row has it at its insert,
+-- and an older relay's lease is honoured.
 --
 -- Tried rows go first: they are nearly always the older events, and the
 -- oldest unpublished age is what the main alert watches. SKIP LOCKED
@@ -46,18 +49,18 @@
 -- until the destination is back.
 --
 -- The finish placeholder after WITH is empty, or claim_finish.sql: the
--- worker's previous batch recorded in this same statement. The tried
--- path's last condition then keeps the rows it records out of that path (the only path they could be on, with an
--- attempt counted): were one's lease to run out first, this statement
--- would otherwise both record and claim it, in an order PostgreSQL does
--- not define.
+-- worker's previous batch recorded in this same statement. Both paths'
+-- last condition then keeps the rows it records out of the claim: were
+-- one's lease to run out first, this statement would otherwise both
+-- record and claim it, in an order PostgreSQL does not define.
 WITH {finish}tried AS (
     SELECT id, created_at, {read:payload} AS body
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
-      AND attempt_count > 0
-      AND next_attempt_at <= now(){not_finished}{route_filter}
+      AND last_error IS NOT NULL
+      AND next_attempt_at <= now()
+      AND (leased_until IS NULL OR leased_until <= now()){not_finished}{route_filter}
     ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -67,8 +70,9 @@ untried AS (
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
-      AND attempt_count <= 0
-      AND next_attempt_at <= now(){route_filter}
+      AND last_error IS NULL
+      AND next_attempt_at <= now()
+      AND (leased_until IS NULL OR leased_until <= now()){not_finished}{route_filter}
     ORDER BY created_at, id
     LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE SKIP LOCKED

@@ -12,7 +12,11 @@
 -- more than a batch.
 --
 -- Each column is read through its shared cast (see casts.rs), as the
--- admin commands read it. {headers} is the producer's optional headers
+-- admin commands read it.
+--
+-- Neither column set here is in an index (migrations/0008_hot_lease.sql):
+-- the lease is a HOT update when the row's page has room, which the
+-- table's fillfactor keeps. {headers} is the producer's optional headers
 -- column read the same way, or `NULL::text` on a table without it.
 budgeted AS (
     SELECT id, body, payload_bytes
@@ -27,7 +31,7 @@ budgeted AS (
 )
 UPDATE {table} AS t
 SET attempt_count = t.attempt_count + 1,
-    next_attempt_at = now() + $2::bigint * interval '1 millisecond'
+    leased_until = now() + $2::bigint * interval '1 millisecond'
 FROM budgeted AS b
 WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
   AND t.id = b.id

@@ -27,8 +27,9 @@ WITH tried AS (
     FROM {table} AS t
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
-      AND t.attempt_count > 0
-      AND t.next_attempt_at <= now(){route_filter}
+      AND t.last_error IS NOT NULL
+      AND t.next_attempt_at <= now()
+      AND (t.leased_until IS NULL OR t.leased_until <= now()){route_filter}
       AND NOT EXISTS (
           SELECT 1
           FROM {table} AS p
@@ -45,8 +46,9 @@ untried AS (
     FROM {table} AS t
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
-      AND t.attempt_count <= 0
-      AND t.next_attempt_at <= now(){route_filter}
+      AND t.last_error IS NULL
+      AND t.next_attempt_at <= now()
+      AND (t.leased_until IS NULL OR t.leased_until <= now()){route_filter}
       AND NOT EXISTS (
           SELECT 1
           FROM {table} AS p

@@ -3,7 +3,8 @@
 -- row only while its claim's attempt still stands (see mark_published.sql).
 UPDATE {table} AS t
 SET last_error = f.error,
-    quarantined_at = now()
+    quarantined_at = now(),
+    leased_until = NULL
 FROM unnest($1::uuid[], $2::int[], $3::text[]) AS f(id, attempt, error)
 WHERE t.id = f.id
   AND t.attempt_count = f.attempt

@@ -1,9 +1,11 @@
 -- The relay's settings for its own statements (Store::new explains each):
--- two planner settings and the server-side statement timeout ($2). $1 =
+-- two planner settings, the server-side statement timeout ($2) and the
+-- bound on any one lock wait ($3). $1 =
 -- false sets them for the session, once per pooled connection; $1 = true
 -- sets them for the current transaction only, which is all a transaction
 -- pooler allows: a session setting would stay on a server connection that
 -- other clients of the pooler get next.
 SELECT set_config('plan_cache_mode', 'force_custom_plan', $1),
        set_config('enable_bitmapscan', 'off', $1),
-       set_config('statement_timeout', $2, $1)
+       set_config('statement_timeout', $2, $1),
+       set_config('lock_timeout', $3, $1)

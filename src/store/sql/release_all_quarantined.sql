@@ -3,6 +3,7 @@
 UPDATE {table}
 SET quarantined_at = NULL,
     attempt_count = 0,
-    next_attempt_at = now()
+    next_attempt_at = now(),
+    leased_until = NULL
 WHERE quarantined_at IS NOT NULL
   AND published_at IS NULL

@@ -6,7 +6,8 @@
 UPDATE {table}
 SET quarantined_at = NULL,
     attempt_count = 0,
-    next_attempt_at = now()
+    next_attempt_at = now(),
+    leased_until = NULL
 WHERE id = ANY($1::uuid[])
   AND quarantined_at IS NOT NULL
   AND published_at IS NULL

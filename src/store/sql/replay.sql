@@ -8,6 +8,7 @@ UPDATE {table}
 SET published_at = NULL,
     attempt_count = 0,
     next_attempt_at = now(),
+    leased_until = NULL,
     quarantined_at = NULL
 WHERE published_at IS NOT NULL
   AND published_at >= $1::timestamptz
