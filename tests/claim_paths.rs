@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::TestDb;
-use outbox_relay::store::{render_column_reads, ClaimBudget, DatabaseSettings, Ordering, Store};
+use outbox_relay::store::{render_column_reads, ClaimBudget, ClaimStart, DatabaseSettings, Ordering, Store};
 use uuid::Uuid;
 
 fn store(db: &TestDb) -> Store {
@@ -259,8 +259,8 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     let claim = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", "");
     // The claim of a relay with two routes while one destination is down,
     // as Store renders it: the filter's parameters after the others.
-    let route_filter = "\n      AND CASE WHEN event_type LIKE ($5::text[])[1] THEN ($6::bool[])[1] \
-                        WHEN event_type LIKE ($5::text[])[2] THEN ($6::bool[])[2] ELSE ($6::bool[])[3] END";
+    let route_filter = "\n      AND CASE WHEN event_type LIKE ($6::text[])[1] THEN ($7::bool[])[1] \
+                        WHEN event_type LIKE ($6::text[])[2] THEN ($7::bool[])[2] ELSE ($7::bool[])[3] END";
     let routed = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", route_filter);
     let (patterns, take) = (
         vec!["order.%".to_owned(), "payment.%".to_owned()],
@@ -268,14 +268,17 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     );
     // The claim that marks the previous batch first, as Store renders it.
     let mark = include_str!("../src/store/sql/mark_published.sql")
-        .replace("$1::uuid[]", "$5::uuid[]")
-        .replace("$2::int[]", "$6::int[]");
+        .replace("$1::uuid[]", "$6::uuid[]")
+        .replace("$2::int[]", "$7::int[]");
     let finish = include_str!("../src/store/sql/claim_finish.sql").replace("{record}", &mark);
     let (rows, lease, bytes, max_payload) = (100i64, 600_000i64, 1i64 << 24, 1i64 << 24);
     let (confirmed, attempts) = (vec![Uuid::new_v4()], vec![1i32]);
     // Planned on a connection of the relay's own pool, with its planner
     // settings; plain EXPLAIN does not run the statement.
     let client = store.client().await.expect("pooled connection");
+    // A claim of a worker catching up starts at a point in the fresh
+    // index (see relay/claim_start.rs); the others from its start.
+    let catching_up = Some(chrono::Utc::now() - chrono::TimeDelta::minutes(5));
     for (what, sql, records, filtered) in [
         (
             "claim",
@@ -294,7 +297,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             render(
                 &claim
                     .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])"),
+                    .replace("{not_finished}", "\n      AND id <> ALL ($6::uuid[])"),
             ),
             true,
             false,
@@ -308,6 +311,10 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     ] {
         type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
         let mut params: Vec<Param<'_>> = vec![&rows, &lease, &bytes, &max_payload];
+        let ordered = what == "ordered claim";
+        if !ordered {
+            params.push(&catching_up);
+        }
         if records {
             params.push(&confirmed);
             params.push(&attempts);
@@ -335,5 +342,53 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             !plan.contains("outbox_event_pending_idx"),
             "{what} walks the pending index:\n{plan}"
         );
+        if !ordered {
+            assert!(
+                plan.contains("Index Cond: (created_at >="),
+                "{what} does not descend to where it starts:\n{plan}"
+            );
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_from_a_start_skips_older_rows_which_the_next_claim_from_the_oldest_takes() {
+    let db = TestDb::migrated().await;
+    let (tried, untried) = seed(&db, 1, 4).await;
+    let store = store(&db);
+    // The new rows are created now + n ms; start at the third of them.
+    let third: chrono::DateTime<chrono::Utc> = db
+        .client
+        .query_one(
+            "SELECT created_at FROM outbox_event WHERE id = $1",
+            &[&untried[2]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    let from_start = store
+        .claim_from(
+            budget(100),
+            LEASE,
+            Ordering::None,
+            None,
+            ClaimStart::CreatedFrom(third),
+        )
+        .await
+        .unwrap();
+    // The due retry is read from the retry index whatever the start.
+    let expected: Vec<Uuid> = tried.iter().chain(&untried[2..]).copied().collect();
+    assert_eq!(ids(&from_start), expected);
+
+    let from_oldest = store
+        .claim_from(budget(100), LEASE, Ordering::None, None, ClaimStart::Oldest)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&from_oldest),
+        untried[..2],
+        "the older rows, left for this claim"
+    );
+    assert_rows_ahead_untouched(&db).await;
 }

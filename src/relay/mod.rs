@@ -14,6 +14,7 @@
 //! store's route filter), so its outage holds back only its own rows.
 
 mod catch_up;
+mod claim_start;
 mod decide;
 mod destination;
 mod health;
@@ -46,6 +47,7 @@ use crate::route::Router;
 use crate::sink::Outcome;
 pub use crate::store::OnPublish;
 use crate::store::{ClaimBudget, Claimed, Ordering, RouteFilter, Store, StoreError};
+use claim_start::ClaimStarts;
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -248,6 +250,7 @@ impl Relay {
         // with its next claim whenever there is one at once (see
         // Store::record_and_claim), on its own before any wait.
         let mut confirmed = Confirmed::default();
+        let mut starts = ClaimStarts::default();
         while !shutdown.is_cancelled() {
             self.liveness.beat(worker);
             // Listening before the plan looks, so that a check ending in
@@ -285,26 +288,40 @@ impl Relay {
                     .max()
                     .unwrap_or(0),
             };
+            let start = starts.next(claimed_at);
             let claim = if confirmed.rows.is_empty() {
                 self.store
-                    .claim_routed(budget, self.config.lease(), self.config.ordering, filter.as_ref())
+                    .claim_from(
+                        budget,
+                        self.config.lease(),
+                        self.config.ordering,
+                        filter.as_ref(),
+                        start,
+                    )
                     .await
             } else {
                 let (ids, attempts): (Vec<Uuid>, Vec<i32>) =
                     confirmed.rows.iter().map(|row| (row.id, row.attempt)).unzip();
                 self.store
-                    .record_and_claim_routed(
+                    .record_and_claim_from(
                         self.config.on_publish,
                         &ids,
                         &attempts,
                         budget,
                         self.config.lease(),
                         filter.as_ref(),
+                        start,
                     )
                     .await
             };
             let batch = match claim {
                 Ok(batch) => {
+                    starts.claimed(
+                        start,
+                        claimed_at,
+                        batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
+                        batch.events.iter().map(|event| event.created_at).min(),
+                    );
                     confirmed.rows.clear();
                     db_state.succeeded();
                     self.health.claim_succeeded();

@@ -120,3 +120,27 @@ pub enum OnPublish {
     /// Delete the row at once.
     Delete,
 }
+
+/// Where an unordered claim starts reading the rows that never failed, in
+/// `(created_at, id)` order (see `sql/claim.sql`). Retries are always read
+/// from the first that is due.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClaimStart {
+    /// From the oldest row: finds every due row.
+    #[default]
+    Oldest,
+    /// From rows created at or after this point: skips the index entries
+    /// that published rows leave before it until VACUUM removes them, and
+    /// misses any due row older than it.
+    CreatedFrom(chrono::DateTime<chrono::Utc>),
+}
+
+impl ClaimStart {
+    /// The claim's parameter: NULL reads from the oldest row.
+    pub(super) fn created_at(self) -> Option<chrono::DateTime<chrono::Utc>> {
+        match self {
+            Self::Oldest => None,
+            Self::CreatedFrom(at) => Some(at),
+        }
+    }
+}

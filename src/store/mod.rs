@@ -22,14 +22,14 @@ use std::time::Duration;
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use thiserror::Error;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use claim::claimed_event;
 
 pub use admin::{QuarantineCursor, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
 pub use backlog::{Backlog, BacklogCounts, GaugeReading, COUNT_CAP, STUCK_SCAN};
-pub use claim::{ClaimBudget, Claimed, OnPublish, Ordering, Unpublishable};
+pub use claim::{ClaimBudget, ClaimStart, Claimed, OnPublish, Ordering, Unpublishable};
 pub use columns::{
     check_columns, check_table, report as report_table_check, Column, Finding, Severity, UnusableTable,
 };
@@ -143,22 +143,24 @@ impl ClaimStatements {
         };
         // The filter's parameters follow all the others of its statement.
         let filter = |column: &str, first_parameter: usize| route_filter(column, first_parameter, routes);
+        // The unordered claims' fifth parameter is where their fresh path
+        // starts (see claim.sql).
         let plain_claim = include_str!("sql/claim.sql")
             .replace("{finish}", "")
             .replace("{not_finished}", "")
-            .replace("{route_filter}", &filter("event_type", 5));
-        // The recording statement, its pairs moved to $5 and $6 after the
-        // claim's four parameters.
+            .replace("{route_filter}", &filter("event_type", 6));
+        // The recording statement, its pairs moved to $6 and $7 after the
+        // claim's five parameters.
         let claim_after = |record: &str| {
             let record = record
-                .replace("$1::uuid[]", "$5::uuid[]")
-                .replace("$2::int[]", "$6::int[]");
+                .replace("$1::uuid[]", "$6::uuid[]")
+                .replace("$2::int[]", "$7::int[]");
             let finish = include_str!("sql/claim_finish.sql").replace("{record}", &record);
             claim(
                 &include_str!("sql/claim.sql")
                     .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($5::uuid[])")
-                    .replace("{route_filter}", &filter("event_type", 7)),
+                    .replace("{not_finished}", "\n      AND id <> ALL ($6::uuid[])")
+                    .replace("{route_filter}", &filter("event_type", 8)),
             )
         };
         let ordered =
@@ -510,21 +512,37 @@ impl Store {
         ordering: Ordering,
         filter: Option<&RouteFilter>,
     ) -> Result<Claimed, StoreError> {
+        self.claim_from(budget, lease, ordering, filter, ClaimStart::Oldest)
+            .await
+    }
+
+    /// [`Store::claim_routed`], whose unordered claim reads rows that never
+    /// failed from `start` (see [`ClaimStart`]); ordered claims always read
+    /// from the oldest row.
+    pub async fn claim_from(
+        &self,
+        budget: ClaimBudget,
+        lease: Duration,
+        ordering: Ordering,
+        filter: Option<&RouteFilter>,
+        start: ClaimStart,
+    ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
+        let from = start.created_at();
         self.with_current_columns(|| async {
             let sql = &match ordering {
                 Ordering::None => &claims.claim,
                 Ordering::Aggregate if self.orders_by_sequence().await? => &claims.claim_ordered_by_sequence,
                 Ordering::Aggregate => &claims.claim_ordered,
             }[usize::from(self.has_headers().await?)];
-            let params: Vec<Param<'_>> = filter
-                .map(|filter| {
-                    vec![
-                        (&filter.patterns as &(dyn ToSql + Sync), Type::TEXT_ARRAY),
-                        (&filter.take, Type::BOOL_ARRAY),
-                    ]
-                })
-                .unwrap_or_default();
+            let mut params: Vec<Param<'_>> = Vec::new();
+            if ordering == Ordering::None {
+                params.push((&from, Type::TIMESTAMPTZ));
+            }
+            if let Some(filter) = filter {
+                params.push((&filter.patterns, Type::TEXT_ARRAY));
+                params.push((&filter.take, Type::BOOL_ARRAY));
+            }
             self.run_claim(sql, budget, lease, &params).await
         })
         .await
@@ -580,13 +598,43 @@ impl Store {
         lease: Duration,
         filter: Option<&RouteFilter>,
     ) -> Result<Claimed, StoreError> {
+        self.record_and_claim_from(
+            on_publish,
+            ids,
+            attempts,
+            budget,
+            lease,
+            filter,
+            ClaimStart::Oldest,
+        )
+        .await
+    }
+
+    /// [`Store::record_and_claim_routed`], the claim reading rows that
+    /// never failed from `start` (see [`ClaimStart`]).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record_and_claim_from(
+        &self,
+        on_publish: OnPublish,
+        ids: &[Uuid],
+        attempts: &[i32],
+        budget: ClaimBudget,
+        lease: Duration,
+        filter: Option<&RouteFilter>,
+        start: ClaimStart,
+    ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
+        let from = start.created_at();
         self.with_current_columns(|| async {
             let sql = &match on_publish {
                 OnPublish::Mark => &claims.claim_after_mark,
                 OnPublish::Delete => &claims.claim_after_delete,
             }[usize::from(self.has_headers().await?)];
-            let mut params: Vec<Param<'_>> = vec![(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)];
+            let mut params: Vec<Param<'_>> = vec![
+                (&from, Type::TIMESTAMPTZ),
+                (&ids, Type::UUID_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+            ];
             if let Some(filter) = filter {
                 params.push((&filter.patterns, Type::TEXT_ARRAY));
                 params.push((&filter.take, Type::BOOL_ARRAY));
@@ -844,25 +892,32 @@ mod tests {
                 assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
             }
             for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
-                // The recorded pairs follow the claim's four parameters.
-                assert!(statement.contains("unnest($5::uuid[], $6::int[])"));
-                assert!(statement.contains("AND id <> ALL ($5::uuid[])"));
+                // The recorded pairs follow the claim's five parameters.
+                assert!(statement.contains("unnest($6::uuid[], $7::int[])"));
+                assert!(statement.contains("AND id <> ALL ($6::uuid[])"));
                 assert!(!statement.contains("$1::uuid[]"));
             }
+            // The unordered claims' fifth parameter is where they start.
+            for statement in sql.claim.iter().chain(&sql.claim_after_mark) {
+                assert!(statement.contains("created_at >= $5::timestamptz"));
+            }
+            for statement in &sql.claim_ordered {
+                assert!(!statement.contains("$5::timestamptz"));
+            }
         }
-        assert!(!statements.claims.claim[0].contains("$5"));
+        assert!(!statements.claims.claim[0].contains("$6"));
         let routed = statements.routed.as_ref().expect("routed claims");
         // Both claim paths filter, with the filter's parameters after the others.
         assert_eq!(
             routed.claim[0]
-                .matches("LIKE ($5::text[])[2] THEN ($6::bool[])[2]")
+                .matches("LIKE ($6::text[])[2] THEN ($7::bool[])[2]")
                 .count(),
             2
         );
-        assert_eq!(routed.claim[0].matches("ELSE ($6::bool[])[3] END").count(), 2);
+        assert_eq!(routed.claim[0].matches("ELSE ($7::bool[])[3] END").count(), 2);
         assert_eq!(
             routed.claim_after_mark[1]
-                .matches("LIKE ($7::text[])[1] THEN ($8::bool[])[1]")
+                .matches("LIKE ($8::text[])[1] THEN ($9::bool[])[1]")
                 .count(),
             2
         );
