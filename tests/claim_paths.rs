@@ -259,8 +259,8 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     let claim = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", "");
     // The claim of a relay with two routes while one destination is down,
     // as Store renders it: the filter's parameters after the others.
-    let route_filter = "\n      AND CASE WHEN event_type LIKE ($6::text[])[1] THEN ($7::bool[])[1] \
-                        WHEN event_type LIKE ($6::text[])[2] THEN ($7::bool[])[2] ELSE ($7::bool[])[3] END";
+    let route_filter = "\n      AND CASE WHEN event_type LIKE ($7::text[])[1] THEN ($8::bool[])[1] \
+                        WHEN event_type LIKE ($7::text[])[2] THEN ($8::bool[])[2] ELSE ($8::bool[])[3] END";
     let routed = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", route_filter);
     let (patterns, take) = (
         vec!["order.%".to_owned(), "payment.%".to_owned()],
@@ -268,8 +268,8 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     );
     // The claim that marks the previous batch first, as Store renders it.
     let mark = include_str!("../src/store/sql/mark_published.sql")
-        .replace("$1::uuid[]", "$6::uuid[]")
-        .replace("$2::int[]", "$7::int[]");
+        .replace("$1::uuid[]", "$7::uuid[]")
+        .replace("$2::int[]", "$8::int[]");
     let finish = include_str!("../src/store/sql/claim_finish.sql").replace("{record}", &mark);
     let (rows, lease, bytes, max_payload) = (100i64, 600_000i64, 1i64 << 24, 1i64 << 24);
     let (confirmed, attempts) = (vec![Uuid::new_v4()], vec![1i32]);
@@ -278,7 +278,10 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     let client = store.client().await.expect("pooled connection");
     // A claim of a worker catching up starts at a point in the fresh
     // index (see relay/claim_start.rs); the others from its start.
-    let catching_up = Some(chrono::Utc::now() - chrono::TimeDelta::minutes(5));
+    let catching_up = (
+        Some(chrono::Utc::now() - chrono::TimeDelta::minutes(5)),
+        Some(Uuid::new_v4()),
+    );
     for (what, sql, records, filtered) in [
         (
             "claim",
@@ -297,7 +300,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             render(
                 &claim
                     .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($6::uuid[])"),
+                    .replace("{not_finished}", "\n      AND id <> ALL ($7::uuid[])"),
             ),
             true,
             false,
@@ -313,7 +316,8 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         let mut params: Vec<Param<'_>> = vec![&rows, &lease, &bytes, &max_payload];
         let ordered = what == "ordered claim";
         if !ordered {
-            params.push(&catching_up);
+            params.push(&catching_up.0);
+            params.push(&catching_up.1);
         }
         if records {
             params.push(&confirmed);
@@ -344,7 +348,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         );
         if !ordered {
             assert!(
-                plan.contains("Index Cond: (created_at >="),
+                plan.contains("Index Cond: (ROW(created_at, id) >="),
                 "{what} does not descend to where it starts:\n{plan}"
             );
         }
@@ -373,7 +377,7 @@ async fn a_claim_from_a_start_skips_older_rows_which_the_next_claim_from_the_old
             LEASE,
             Ordering::None,
             None,
-            ClaimStart::CreatedFrom(third),
+            ClaimStart::From(third, untried[2]),
         )
         .await
         .unwrap();

@@ -5,34 +5,30 @@
 //! claim from the oldest row begins: while a large backlog drains, every
 //! claim stepped over all the rows published since the last VACUUM
 //! (hundreds of thousands between two autovacuum runs). So while a worker
-//! is catching up (its last claim came back full) its next claim starts a
-//! little before the oldest row of that claim, and the index takes it
-//! there directly. A row older than that point which becomes due again
-//! (given back after an outage, left by a relay that died, released, or
-//! committed by a long producer transaction) is found by the next claim
-//! from the oldest row: one at least every [`FROM_OLDEST_EVERY`], and
-//! every claim once the worker has caught up. That is a delay of at most
-//! that long for such a row, never a row left behind.
+//! is catching up (its last claim came back full) its next claim starts at
+//! the first row of that claim, and the index takes it there directly.
+//! A row before that point which is due (given back after an outage, left
+//! by a relay that died, released, or committed late by a producer
+//! transaction that started earlier) is found by the next claim from the
+//! oldest row: one at least every [`FROM_OLDEST_EVERY`], and every claim
+//! once the worker has caught up. That is a delay of at most that long
+//! for such a row, never a row left behind.
 
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
 use crate::store::ClaimStart;
 
 /// How long a worker goes at most without a claim from the oldest row.
 pub const FROM_OLDEST_EVERY: Duration = Duration::from_secs(1);
 
-/// How far before the oldest row of the last claim the next one starts:
-/// rows of producer transactions that committed a little out of order
-/// (`created_at` is when the transaction started) are still found at once.
-const MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
-
 /// One worker's claim starts.
 #[derive(Debug, Default)]
 pub struct ClaimStarts {
     /// Where the next claim may start, while catching up.
-    from: Option<DateTime<Utc>>,
+    from: Option<(DateTime<Utc>, Uuid)>,
     last_from_oldest: Option<Instant>,
 }
 
@@ -40,23 +36,28 @@ impl ClaimStarts {
     /// Where the claim made `now` starts.
     pub fn next(&self, now: Instant) -> ClaimStart {
         match (self.from, self.last_from_oldest) {
-            (Some(from), Some(last)) if now.saturating_duration_since(last) < FROM_OLDEST_EVERY => {
-                ClaimStart::CreatedFrom(from)
+            (Some((created_at, id)), Some(last))
+                if now.saturating_duration_since(last) < FROM_OLDEST_EVERY =>
+            {
+                ClaimStart::From(created_at, id)
             }
             _ => ClaimStart::Oldest,
         }
     }
 
     /// Records a claim made at `at` from `start`: whether it came back with
-    /// a full batch, and the oldest `created_at` among its rows.
-    pub fn claimed(&mut self, start: ClaimStart, at: Instant, full: bool, oldest: Option<DateTime<Utc>>) {
+    /// a full batch, and its first row in `(created_at, id)` order.
+    pub fn claimed(
+        &mut self,
+        start: ClaimStart,
+        at: Instant,
+        full: bool,
+        first: Option<(DateTime<Utc>, Uuid)>,
+    ) {
         if start == ClaimStart::Oldest {
             self.last_from_oldest = Some(at);
         }
-        self.from = match oldest {
-            Some(oldest) if full => oldest.checked_sub_signed(MARGIN),
-            _ => None,
-        };
+        self.from = first.filter(|_| full);
     }
 }
 
@@ -64,8 +65,15 @@ impl ClaimStarts {
 mod tests {
     use super::*;
 
-    fn at(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap()
+    fn at(seconds: i64) -> (DateTime<Utc>, Uuid) {
+        (
+            DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap(),
+            Uuid::from_u128(seconds as u128),
+        )
+    }
+
+    fn from((created_at, id): (DateTime<Utc>, Uuid)) -> ClaimStart {
+        ClaimStart::From(created_at, id)
     }
 
     #[test]
@@ -78,8 +86,8 @@ mod tests {
         starts.claimed(ClaimStart::Oldest, now, true, Some(at(10)));
         assert_eq!(
             starts.next(now + Duration::from_millis(10)),
-            ClaimStart::CreatedFrom(at(9)),
-            "a second before the oldest row of the full claim"
+            from(at(10)),
+            "the first row of the full claim"
         );
     }
 
@@ -111,14 +119,14 @@ mod tests {
         let mut starts = ClaimStarts::default();
         let now = Instant::now();
         starts.claimed(ClaimStart::Oldest, now, true, Some(at(10)));
-        starts.claimed(ClaimStart::CreatedFrom(at(9)), now, true, None);
+        starts.claimed(from(at(10)), now, true, None);
         assert_eq!(
             starts.next(now),
             ClaimStart::Oldest,
             "a full claim of unpublishable rows only"
         );
         starts.claimed(ClaimStart::Oldest, now, true, Some(at(10)));
-        starts.claimed(ClaimStart::CreatedFrom(at(9)), now, false, Some(at(11)));
+        starts.claimed(from(at(10)), now, false, Some(at(11)));
         assert_eq!(starts.next(now), ClaimStart::Oldest);
     }
 }

@@ -320,7 +320,11 @@ impl Relay {
                         start,
                         claimed_at,
                         batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
-                        batch.events.iter().map(|event| event.created_at).min(),
+                        batch
+                            .events
+                            .iter()
+                            .map(|event| (event.created_at, event.id))
+                            .min(),
                     );
                     confirmed.rows.clear();
                     db_state.succeeded();

@@ -129,18 +129,18 @@ pub enum ClaimStart {
     /// From the oldest row: finds every due row.
     #[default]
     Oldest,
-    /// From rows created at or after this point: skips the index entries
-    /// that published rows leave before it until VACUUM removes them, and
-    /// misses any due row older than it.
-    CreatedFrom(chrono::DateTime<chrono::Utc>),
+    /// From this row on, in `(created_at, id)` order: skips the index
+    /// entries that published rows leave before it until VACUUM removes
+    /// them, and misses any due row before it.
+    From(chrono::DateTime<chrono::Utc>, Uuid),
 }
 
 impl ClaimStart {
-    /// The claim's parameter: NULL reads from the oldest row.
-    pub(super) fn created_at(self) -> Option<chrono::DateTime<chrono::Utc>> {
+    /// The claim's parameters: NULL reads from the oldest row.
+    pub(super) fn position(self) -> (Option<chrono::DateTime<chrono::Utc>>, Option<Uuid>) {
         match self {
-            Self::Oldest => None,
-            Self::CreatedFrom(at) => Some(at),
+            Self::Oldest => (None, None),
+            Self::From(created_at, id) => (Some(created_at), Some(id)),
         }
     }
 }

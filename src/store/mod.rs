@@ -143,24 +143,24 @@ impl ClaimStatements {
         };
         // The filter's parameters follow all the others of its statement.
         let filter = |column: &str, first_parameter: usize| route_filter(column, first_parameter, routes);
-        // The unordered claims' fifth parameter is where their fresh path
-        // starts (see claim.sql).
+        // The unordered claims' fifth and sixth parameters are where their
+        // fresh path starts (see claim.sql).
         let plain_claim = include_str!("sql/claim.sql")
             .replace("{finish}", "")
             .replace("{not_finished}", "")
-            .replace("{route_filter}", &filter("event_type", 6));
-        // The recording statement, its pairs moved to $6 and $7 after the
-        // claim's five parameters.
+            .replace("{route_filter}", &filter("event_type", 7));
+        // The recording statement, its pairs moved to $7 and $8 after the
+        // claim's six parameters.
         let claim_after = |record: &str| {
             let record = record
-                .replace("$1::uuid[]", "$6::uuid[]")
-                .replace("$2::int[]", "$7::int[]");
+                .replace("$1::uuid[]", "$7::uuid[]")
+                .replace("$2::int[]", "$8::int[]");
             let finish = include_str!("sql/claim_finish.sql").replace("{record}", &record);
             claim(
                 &include_str!("sql/claim.sql")
                     .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($6::uuid[])")
-                    .replace("{route_filter}", &filter("event_type", 8)),
+                    .replace("{not_finished}", "\n      AND id <> ALL ($7::uuid[])")
+                    .replace("{route_filter}", &filter("event_type", 9)),
             )
         };
         let ordered =
@@ -528,7 +528,7 @@ impl Store {
         start: ClaimStart,
     ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
-        let from = start.created_at();
+        let (from, from_id) = start.position();
         self.with_current_columns(|| async {
             let sql = &match ordering {
                 Ordering::None => &claims.claim,
@@ -538,6 +538,7 @@ impl Store {
             let mut params: Vec<Param<'_>> = Vec::new();
             if ordering == Ordering::None {
                 params.push((&from, Type::TIMESTAMPTZ));
+                params.push((&from_id, Type::UUID));
             }
             if let Some(filter) = filter {
                 params.push((&filter.patterns, Type::TEXT_ARRAY));
@@ -624,7 +625,7 @@ impl Store {
         start: ClaimStart,
     ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
-        let from = start.created_at();
+        let (from, from_id) = start.position();
         self.with_current_columns(|| async {
             let sql = &match on_publish {
                 OnPublish::Mark => &claims.claim_after_mark,
@@ -632,6 +633,7 @@ impl Store {
             }[usize::from(self.has_headers().await?)];
             let mut params: Vec<Param<'_>> = vec![
                 (&from, Type::TIMESTAMPTZ),
+                (&from_id, Type::UUID),
                 (&ids, Type::UUID_ARRAY),
                 (&attempts, Type::INT4_ARRAY),
             ];
@@ -892,32 +894,32 @@ mod tests {
                 assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
             }
             for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
-                // The recorded pairs follow the claim's five parameters.
-                assert!(statement.contains("unnest($6::uuid[], $7::int[])"));
-                assert!(statement.contains("AND id <> ALL ($6::uuid[])"));
+                // The recorded pairs follow the claim's six parameters.
+                assert!(statement.contains("unnest($7::uuid[], $8::int[])"));
+                assert!(statement.contains("AND id <> ALL ($7::uuid[])"));
                 assert!(!statement.contains("$1::uuid[]"));
             }
-            // The unordered claims' fifth parameter is where they start.
+            // The unordered claims' fifth and sixth are where they start.
             for statement in sql.claim.iter().chain(&sql.claim_after_mark) {
-                assert!(statement.contains("created_at >= $5::timestamptz"));
+                assert!(statement.contains("(created_at, id) >= ($5::timestamptz, $6::uuid)"));
             }
             for statement in &sql.claim_ordered {
                 assert!(!statement.contains("$5::timestamptz"));
             }
         }
-        assert!(!statements.claims.claim[0].contains("$6"));
+        assert!(!statements.claims.claim[0].contains("$7"));
         let routed = statements.routed.as_ref().expect("routed claims");
         // Both claim paths filter, with the filter's parameters after the others.
         assert_eq!(
             routed.claim[0]
-                .matches("LIKE ($6::text[])[2] THEN ($7::bool[])[2]")
+                .matches("LIKE ($7::text[])[2] THEN ($8::bool[])[2]")
                 .count(),
             2
         );
-        assert_eq!(routed.claim[0].matches("ELSE ($7::bool[])[3] END").count(), 2);
+        assert_eq!(routed.claim[0].matches("ELSE ($8::bool[])[3] END").count(), 2);
         assert_eq!(
             routed.claim_after_mark[1]
-                .matches("LIKE ($8::text[])[1] THEN ($9::bool[])[1]")
+                .matches("LIKE ($9::text[])[1] THEN ($10::bool[])[1]")
                 .count(),
             2
         );

@@ -28,8 +28,9 @@
 -- checked on the fresh path too: a never-failed row has it at its insert,
 -- and an older relay's lease is honoured.
 --
--- $5, when not NULL, is where the fresh path starts: a relay catching up
--- passes a point a little before the oldest row of its previous claim, so
+-- ($5, $6), when not NULL, is where the fresh path starts in its
+-- (created_at, id) order: a relay catching up passes the first row of its
+-- previous claim, so
 -- that the claim descends the index to it instead of stepping over the
 -- entries of every row published since the last VACUUM (published rows
 -- leave their entries in the fresh index until then, at its start, which
@@ -85,7 +86,7 @@ untried AS (
       AND last_error IS NULL
       AND next_attempt_at <= now()
       AND (leased_until IS NULL OR leased_until <= now()){not_finished}{route_filter}
-      AND ($5::timestamptz IS NULL OR created_at >= $5::timestamptz)
+      AND ($5::timestamptz IS NULL OR (created_at, id) >= ($5::timestamptz, $6::uuid))
     ORDER BY created_at, id
     LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE SKIP LOCKED
