@@ -297,11 +297,10 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         ),
         (
             "claim after a mark",
-            render(
-                &claim
-                    .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($7::uuid[])"),
-            ),
+            render(&claim.replace("{finish}", &finish).replace(
+                "{not_finished}",
+                "\n      AND id <> ALL (ARRAY(SELECT unnest($7::uuid[])))",
+            )),
             true,
             false,
         ),

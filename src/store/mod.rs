@@ -129,6 +129,15 @@ struct ClaimStatements {
     claim_ordered_by_sequence: [String; 2],
 }
 
+/// The condition that keeps the rows a claim records out of what it
+/// claims (see claim.sql). The ids come through a sub-select so that the
+/// planner sees no constant array: it expands a constant one of up to
+/// 100 elements into as many clauses when it tries to prove partial
+/// index predicates and partition constraints, which cost 34–50 ms of
+/// planning a claim on a partitioned table of five partitions (2.6 ms
+/// this way) and 0.2 ms on a plain one.
+const NOT_FINISHED: &str = "\n      AND id <> ALL (ARRAY(SELECT unnest($7::uuid[])))";
+
 impl ClaimStatements {
     /// The claims, with the route filter of `routes` routes when there are
     /// any.
@@ -159,7 +168,7 @@ impl ClaimStatements {
             claim(
                 &include_str!("sql/claim.sql")
                     .replace("{finish}", &finish)
-                    .replace("{not_finished}", "\n      AND id <> ALL ($7::uuid[])")
+                    .replace("{not_finished}", NOT_FINISHED)
                     .replace("{route_filter}", &filter("event_type", 9)),
             )
         };
@@ -896,7 +905,7 @@ mod tests {
             for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
                 // The recorded pairs follow the claim's six parameters.
                 assert!(statement.contains("unnest($7::uuid[], $8::int[])"));
-                assert!(statement.contains("AND id <> ALL ($7::uuid[])"));
+                assert!(statement.contains("AND id <> ALL (ARRAY(SELECT unnest($7::uuid[])))"));
                 assert!(!statement.contains("$1::uuid[]"));
             }
             // The unordered claims' fifth and sixth are where they start.
