@@ -56,6 +56,7 @@ struct Families {
     destination_ready: Family<Labels, Gauge>,
     source_ready: Family<Labels, Gauge>,
     retention_deleted_total: Family<Labels, Counter>,
+    retention_partitions_dropped_total: Family<Labels, Counter>,
     last_progress: Family<Labels, Gauge<f64, AtomicU64>>,
 }
 
@@ -92,6 +93,9 @@ pub struct SourceMetrics {
     pub gauges_refreshed: Gauge<f64, AtomicU64>,
     /// Rows deleted by retention.
     pub retention_deleted_total: Counter,
+    /// Partitions retention dropped whole (their rows are not counted in
+    /// `retention_deleted_total`: counting them would read each one).
+    pub retention_partitions_dropped_total: Counter,
     /// Unix time by which every relay worker of the source had last made
     /// progress; set from the heartbeat when `/metrics` is scraped.
     pub last_progress: Gauge<f64, AtomicU64>,
@@ -168,6 +172,7 @@ impl Metrics {
             destination_ready: Family::default(),
             source_ready: Family::default(),
             retention_deleted_total: Family::default(),
+            retention_partitions_dropped_total: Family::default(),
             last_progress: Family::default(),
         };
         // prometheus-client appends `_total` to counters and the unit to
@@ -242,6 +247,12 @@ impl Metrics {
             families.retention_deleted_total.clone(),
         );
         registry.register(
+            "outbox_retention_partitions_dropped",
+            "Partitions of a partitioned outbox table that retention dropped whole, every row in them published \
+             (their rows are not counted in outbox_retention_deleted_total)",
+            families.retention_partitions_dropped_total.clone(),
+        );
+        registry.register(
             "outbox_relay_last_progress_timestamp_seconds",
             "Unix time by which every relay worker had last gone round its loop; /healthz answers 503 once it is too old",
             families.last_progress.clone(),
@@ -264,6 +275,10 @@ impl Metrics {
             stuck_aggregates: families.stuck_aggregates.get_or_create(&labels).clone(),
             gauges_refreshed: families.gauges_refreshed.get_or_create(&labels).clone(),
             retention_deleted_total: families.retention_deleted_total.get_or_create(&labels).clone(),
+            retention_partitions_dropped_total: families
+                .retention_partitions_dropped_total
+                .get_or_create(&labels)
+                .clone(),
             last_progress: families.last_progress.get_or_create(&labels).clone(),
             ready: families.source_ready.get_or_create(&labels).clone(),
             families: families.clone(),
@@ -394,6 +409,7 @@ mod tests {
             "outbox_source_ready ",
             "outbox_publish_lag_seconds_bucket",
             "outbox_retention_deleted_total ",
+            "outbox_retention_partitions_dropped_total ",
             "outbox_gauges_refreshed_timestamp_seconds ",
             "outbox_relay_last_progress_timestamp_seconds ",
             "# TYPE outbox_publish_lag_seconds histogram",

@@ -416,3 +416,30 @@ async fn producers_keep_inserting_while_partitions_are_dropped() {
         "longest producer INSERT took {longest:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_partition_is_counted_in_its_own_metric() {
+    let db = partitioned_db("daily").await;
+    day_partition(&db, -12).await;
+    insert_on_day(&db, -12, 20, Some(10)).await;
+    let store = store(&db);
+    let metrics = outbox_relay::metrics::Metrics::new().source(None);
+    let (partitions, rows) = outbox_relay::maintenance::retention::run_partitioned_pass(
+        &store,
+        Some(RETENTION),
+        &metrics,
+        &outbox_relay::relay::CatchUp::default(),
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .expect("a partitioned table");
+    assert_eq!(partitions.dropped.len(), 1, "{partitions:?}");
+    assert_eq!(metrics.retention_partitions_dropped_total.get(), 1);
+    assert_eq!(rows.deleted, 0);
+    assert_eq!(
+        metrics.retention_deleted_total.get(),
+        0,
+        "the dropped partition's rows are not counted as deleted rows"
+    );
+}

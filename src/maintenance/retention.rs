@@ -177,6 +177,9 @@ pub async fn run_partitioned_pass(
         return Ok(None);
     }
     let partitions = store.maintain_partitions(None, retention).await?;
+    metrics
+        .retention_partitions_dropped_total
+        .inc_by(partitions.dropped.len() as u64);
     if !partitions.created.is_empty() || !partitions.dropped.is_empty() {
         info!(
             created = ?partitions.created,
