@@ -312,16 +312,7 @@ async fn retention_drops_only_partitions_whose_every_row_is_published() {
     );
 
     let metrics = outbox_relay::metrics::Metrics::new().source(None);
-    let pass = outbox_relay::maintenance::retention::run_partitioned_pass(
-        &store,
-        Some(RETENTION),
-        &metrics,
-        &outbox_relay::relay::CatchUp::default(),
-        &tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .unwrap()
-    .expect("a partitioned table");
+    let pass = retention_pass(&store, &metrics).await;
     assert_eq!(pass.1.deleted, 20, "the DEFAULT partition's old published rows");
     assert_eq!(
         db.count("created_at < ((now() AT TIME ZONE 'UTC')::date - 8)::timestamp AT TIME ZONE 'UTC'")
@@ -424,16 +415,7 @@ async fn a_dropped_partition_is_counted_in_its_own_metric() {
     insert_on_day(&db, -12, 20, Some(10)).await;
     let store = store(&db);
     let metrics = outbox_relay::metrics::Metrics::new().source(None);
-    let (partitions, rows) = outbox_relay::maintenance::retention::run_partitioned_pass(
-        &store,
-        Some(RETENTION),
-        &metrics,
-        &outbox_relay::relay::CatchUp::default(),
-        &tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .unwrap()
-    .expect("a partitioned table");
+    let (partitions, rows) = retention_pass(&store, &metrics).await;
     assert_eq!(partitions.dropped.len(), 1, "{partitions:?}");
     assert_eq!(metrics.retention_partitions_dropped_total.get(), 1);
     assert_eq!(rows.deleted, 0);
@@ -442,4 +424,25 @@ async fn a_dropped_partition_is_counted_in_its_own_metric() {
         0,
         "the dropped partition's rows are not counted as deleted rows"
     );
+}
+
+/// One pass of the relay's retention on a partitioned table, as its
+/// maintenance task runs it every minute.
+async fn retention_pass(
+    store: &outbox_relay::store::Store,
+    metrics: &outbox_relay::metrics::SourceMetrics,
+) -> (
+    outbox_relay::store::PartitionPass,
+    outbox_relay::maintenance::retention::Pass,
+) {
+    outbox_relay::maintenance::retention::run_partitioned_pass(
+        store,
+        Some(RETENTION),
+        metrics,
+        &outbox_relay::relay::CatchUp::default(),
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .expect("a partitioned table")
 }

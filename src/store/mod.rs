@@ -197,6 +197,15 @@ impl ClaimStatements {
     }
 }
 
+/// Appends a route filter's parameters, which follow all the others of a
+/// claim (see [`route_filter`]).
+fn push_filter<'a>(params: &mut Vec<Param<'a>>, filter: Option<&'a RouteFilter>) {
+    if let Some(filter) = filter {
+        params.push((&filter.patterns, Type::TEXT_ARRAY));
+        params.push((&filter.take, Type::BOOL_ARRAY));
+    }
+}
+
 /// The condition that keeps a claim to the rows of the destinations it may
 /// publish to: with `routes` routes, the route of a row is the first whose
 /// `LIKE` pattern (`$first` text[], in route order) its event type matches,
@@ -549,10 +558,7 @@ impl Store {
                 params.push((&from, Type::TIMESTAMPTZ));
                 params.push((&from_id, Type::UUID));
             }
-            if let Some(filter) = filter {
-                params.push((&filter.patterns, Type::TEXT_ARRAY));
-                params.push((&filter.take, Type::BOOL_ARRAY));
-            }
+            push_filter(&mut params, filter);
             self.run_claim(sql, budget, lease, &params).await
         })
         .await
@@ -646,10 +652,7 @@ impl Store {
                 (&ids, Type::UUID_ARRAY),
                 (&attempts, Type::INT4_ARRAY),
             ];
-            if let Some(filter) = filter {
-                params.push((&filter.patterns, Type::TEXT_ARRAY));
-                params.push((&filter.take, Type::BOOL_ARRAY));
-            }
+            push_filter(&mut params, filter);
             self.run_claim(sql, budget, lease, &params).await
         })
         .await
