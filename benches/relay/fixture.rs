@@ -40,7 +40,7 @@ pub async fn broker(options: &Options) -> TestBroker {
 /// The settings of every relay the benchmark starts: the broker, no
 /// retention pass during a run, and the batch size and workers under test.
 pub fn relay_settings(options: &Options, exchange: &str) -> Vec<(&'static str, String)> {
-    vec![
+    let mut settings = vec![
         ("OUTBOX_AMQP_URL", options.amqp_url.clone()),
         ("OUTBOX_AMQP_EXCHANGE", exchange.to_owned()),
         ("OUTBOX_RETENTION", "0".to_owned()),
@@ -48,7 +48,13 @@ pub fn relay_settings(options: &Options, exchange: &str) -> Vec<(&'static str, S
         ("OUTBOX_BATCH_SIZE", options.batch_size.to_string()),
         ("OUTBOX_WORKERS", options.workers.to_string()),
         ("RUST_LOG", "warn".to_owned()),
-    ]
+    ];
+    // `--relay-env` last, so that it overrides the defaults above.
+    for (name, value) in &options.relay_env {
+        settings.retain(|(existing, _)| existing != name);
+        settings.push((name, value.clone()));
+    }
+    settings
 }
 
 pub fn payload_sql() -> &'static str {

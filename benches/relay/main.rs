@@ -52,6 +52,7 @@ mod sources;
 mod sqs;
 mod steady;
 mod tracing_cost;
+mod versus;
 
 use clap::Parser;
 
@@ -133,6 +134,18 @@ struct Options {
     /// Only the relay's drain runs (to compare settings quickly).
     #[arg(long)]
     only_drain: bool,
+    /// Also the row-lock loop and the relay (1 replica) in `--repeat`
+    /// pairs, each pair back to back, with the ratio of each pair and the
+    /// medians.
+    #[arg(long)]
+    versus: bool,
+    /// Only the pairs of `--versus`.
+    #[arg(long)]
+    only_versus: bool,
+    /// A variable for every relay the benchmark starts, `NAME=VALUE`
+    /// (repeatable): to measure a setting against the defaults.
+    #[arg(long, value_parser = parse_variable)]
+    relay_env: Vec<(&'static str, String)>,
     /// Only the drain of one relay with its destination from the
     /// environment, then from a configuration file, alternating `--repeat`
     /// times.
@@ -215,6 +228,14 @@ struct Options {
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// A `--relay-env` argument. The name is leaked, once per argument, so
+/// that it sits beside the fixed names of `fixture::relay_settings`.
+fn parse_variable(text: &str) -> Result<(&'static str, String), String> {
+    text.split_once('=')
+        .map(|(name, value)| (&*Box::leak(name.to_owned().into_boxed_str()), value.to_owned()))
+        .ok_or_else(|| format!("expected NAME=VALUE, got '{text}'"))
+}
 
 /// Runs a scenario `times` times and keeps the median run by `key`.
 /// The cost of reading the destination from a configuration file: the
@@ -299,6 +320,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.only_partitioned {
         return partitioned::run(&options).await;
+    }
+    if options.only_versus {
+        return versus::run(&options).await;
     }
     let bare = median_of(
         options.repeat,
@@ -441,6 +465,9 @@ async fn main() -> Result<(), Error> {
     }
     if options.partitioned {
         partitioned::run(&options).await?;
+    }
+    if options.versus {
+        versus::run(&options).await?;
     }
     Ok(())
 }
