@@ -17,26 +17,10 @@ use std::time::{Duration, Instant};
 use common::private_postgres::PrivatePostgres;
 use common::private_rabbit::PrivateRabbit;
 use common::system::free_port;
-use common::{eventually, quick_settings, with, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get, quick_settings, with, RelayProcess, TestBroker, TestDb};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// One HTTP endpoint of a relay: status and body, `None` if it did not
-/// answer.
-async fn probe(port: u16, path: &str) -> Option<(u16, String)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("HTTP client");
-    let response = client
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.unwrap_or_default()))
-}
 
 /// Waits until no row is waiting any more (each one published or
 /// quarantined), so what follows can tell the two apart.
@@ -148,7 +132,7 @@ async fn a_broker_memory_alarm_quarantines_nothing_and_everything_is_delivered_a
     );
     let mut relay = RelayProcess::start(&db, &env);
     eventually(WAIT, "the relay ready before the alarm", || async {
-        matches!(probe(http, "/readyz").await, Some((200, _)))
+        matches!(http_get(http, "/readyz").await, Some((200, _)))
     })
     .await;
 
@@ -164,7 +148,7 @@ async fn a_broker_memory_alarm_quarantines_nothing_and_everything_is_delivered_a
     let mut samples = 0;
     while alarm_started.elapsed() < alarm_for {
         samples += 1;
-        if let Some((503, reason)) = probe(http, "/readyz").await {
+        if let Some((503, reason)) = http_get(http, "/readyz").await {
             not_ready.push((alarm_started.elapsed(), reason));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -505,7 +489,7 @@ async fn rows_with_nulls_or_unexpected_types_are_quarantined_and_the_rest_flow()
     })
     .await;
     assert!(
-        matches!(probe(http, "/healthz").await, Some((200, _))),
+        matches!(http_get(http, "/healthz").await, Some((200, _))),
         "/healthz answers 200"
     );
     assert!(

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use common::sqs::TestQueue;
 use common::system::free_port;
-use common::{eventually, quick_settings, with, RelayProcess, StreamLimits, TestBroker, TestDb, TestStream};
+use common::{
+    eventually, http_get, quick_settings, with, RelayProcess, StreamLimits, TestBroker, TestDb, TestStream,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -1175,20 +1177,6 @@ fn reason_kind(reason: &str) -> String {
         .collect()
 }
 
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .ok()?;
-    let response = client
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.unwrap_or_default()))
-}
-
 // ---------------------------------------------------------------------------
 // The run
 // ---------------------------------------------------------------------------
@@ -1279,11 +1267,11 @@ async fn generated_rows_end_published_or_quarantined(kind: Kind, default_rows: u
         if let Some(status) = relay.child.try_wait().expect("try_wait") {
             panic!("the relay exited ({status}) with {unsettled} rows unsettled");
         }
-        match get(port, "/healthz").await {
+        match http_get(port, "/healthz").await {
             Some((200, _)) | None => {}
             Some(other) => health_failures.push(other),
         }
-        match get(port, "/readyz").await {
+        match http_get(port, "/readyz").await {
             Some((200, _)) => ready_once = true,
             Some((_, body)) if ready_once => *not_ready.entry(reason_kind(&body)).or_default() += 1,
             _ => {}
@@ -1434,7 +1422,7 @@ async fn generated_rows_end_published_or_quarantined(kind: Kind, default_rows: u
         problems.push(format!("published but not received: {what}"));
     }
 
-    match get(port, "/healthz").await {
+    match http_get(port, "/healthz").await {
         Some((200, _)) => {}
         other => problems.push(format!("/healthz at the end: {other:?}")),
     }

@@ -15,7 +15,10 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::{eventually, quick_settings, unique_topic, with, KafkaMock, KafkaRecord, RelayProcess, TestDb};
+use common::{
+    eventually, produce, produce_varied, quick_settings, unique_topic, with, KafkaMock, KafkaRecord,
+    ProducedRow, RelayProcess, TestDb,
+};
 use uuid::Uuid;
 
 /// Deadline of every wait; a passing test never waits this long.
@@ -34,98 +37,6 @@ fn fast(mock: &KafkaMock, topic: &str) -> Vec<(&'static str, String)> {
     env
 }
 
-/// A row as the test inserted it, with the payload text PostgreSQL returns.
-#[derive(Debug, Clone)]
-struct Row {
-    id: Uuid,
-    causation_id: Option<Uuid>,
-    event_type: String,
-    aggregate_id: String,
-    payload: String,
-    /// The producer's headers, as name and value.
-    headers: Vec<(String, String)>,
-}
-
-async fn insert(
-    db: &TestDb,
-    causation_id: Option<Uuid>,
-    event_type: &str,
-    aggregate_id: &str,
-    payload: &str,
-    headers: &[(&str, &str)],
-) -> Row {
-    let id = Uuid::new_v4();
-    let headers_json = (!headers.is_empty()).then(|| {
-        serde_json::Value::Object(
-            headers
-                .iter()
-                .map(|(name, value)| ((*name).to_owned(), serde_json::Value::from(*value)))
-                .collect(),
-        )
-        .to_string()
-    });
-    let stored: String = db
-        .client
-        .query_one(
-            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload, created_at, headers)
-             VALUES ($1, $2, $3, $4, $5::text::jsonb, clock_timestamp(), $6::text::jsonb)
-             RETURNING payload::text",
-            &[&id, &causation_id, &event_type, &aggregate_id, &payload, &headers_json],
-        )
-        .await
-        .expect("insert row")
-        .get(0);
-    Row {
-        id,
-        causation_id,
-        event_type: event_type.to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        payload: stored,
-        headers: headers
-            .iter()
-            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
-            .collect(),
-    }
-}
-
-/// Rows with every kind of field: causation on some, producer headers on
-/// some, several aggregates, non-ASCII text and JSON whose rendering
-/// PostgreSQL decides.
-async fn insert_varied(db: &TestDb, count: usize) -> Vec<Row> {
-    let cause = Uuid::new_v4();
-    let mut rows = Vec::with_capacity(count);
-    for n in 0..count {
-        let payload = format!(
-            r#"{{"n": {n}, "note": "ünïcödé ✓ 🎉 \"quoted\"\ttab", "nested": {{"b": [1, 2.50, null], "a": true}}}}"#
-        );
-        let event_type = if n % 3 == 0 { "order.paid" } else { "order.created" };
-        let aggregate = format!("order-{}", n % 7);
-        let headers: &[(&str, &str)] = if n % 4 == 0 {
-            &[
-                (
-                    "traceparent",
-                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-                ),
-                ("tenant", "ünï 7"),
-            ]
-        } else {
-            &[]
-        };
-        rows.push(
-            insert(
-                db,
-                (n % 2 == 0).then_some(cause),
-                event_type,
-                &aggregate,
-                &payload,
-                headers,
-            )
-            .await,
-        );
-    }
-    rows
-}
-
 async fn published(db: &TestDb, ids: &[Uuid]) -> i64 {
     db.client
         .query_one(
@@ -137,7 +48,7 @@ async fn published(db: &TestDb, ids: &[Uuid]) -> i64 {
         .get(0)
 }
 
-async fn all_published(db: &TestDb, rows: &[Row]) {
+async fn all_published(db: &TestDb, rows: &[ProducedRow]) {
     let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
     eventually(WAIT, "every row published", || async {
         published(db, &ids).await == ids.len() as i64
@@ -146,7 +57,7 @@ async fn all_published(db: &TestDb, rows: &[Row]) {
 }
 
 /// Every header a record of `row` carries in plain mode, sorted.
-fn expected_headers(row: &Row) -> Vec<(String, Vec<u8>)> {
+fn expected_headers(row: &ProducedRow) -> Vec<(String, Vec<u8>)> {
     let mut expected: Vec<(String, Vec<u8>)> = vec![
         ("event_id".to_owned(), row.id.to_string().into_bytes()),
         ("event_type".to_owned(), row.event_type.clone().into_bytes()),
@@ -164,7 +75,7 @@ fn expected_headers(row: &Row) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Asserts a record carries exactly the row's fields.
-fn assert_fields(record: &KafkaRecord, row: &Row) {
+fn assert_fields(record: &KafkaRecord, row: &ProducedRow) {
     assert_eq!(
         record.key.as_deref(),
         Some(row.aggregate_id.as_bytes()),
@@ -236,7 +147,7 @@ async fn every_field_arrives_as_a_consumer_reads_it() {
     for event_type in ["order.created", "order.paid"] {
         mock.create_topic(&format!("{prefix}.{event_type}"), 3);
     }
-    let rows = insert_varied(&db, 60).await;
+    let rows = produce_varied(&db, 60, 7, true).await;
     let relay = RelayProcess::start(
         &db,
         &with(
@@ -247,7 +158,7 @@ async fn every_field_arrives_as_a_consumer_reads_it() {
     all_published(&db, &rows).await;
     let mut records = mock.read(&format!("{prefix}.order.created")).await;
     let paid = mock.read(&format!("{prefix}.order.paid")).await;
-    let by_id: HashMap<String, &Row> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
+    let by_id: HashMap<String, &ProducedRow> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
     for record in &paid {
         assert_eq!(by_id[&record.event_id()].event_type, "order.paid", "{record:?}");
     }
@@ -289,13 +200,12 @@ async fn every_aggregates_events_land_on_one_partition_in_order() {
     for seq in 0..EVENTS {
         for aggregate in 0..AGGREGATES {
             rows.push(
-                insert(
+                produce(
                     &db,
                     None,
                     "order.updated",
                     &format!("order-{aggregate}"),
                     &format!(r#"{{"seq": {seq}}}"#),
-                    &[],
                 )
                 .await,
             );
@@ -359,7 +269,7 @@ async fn each_delivered_row_is_marked_published_and_only_those() {
     let mock = KafkaMock::start(1);
     let topic = unique_topic("kafka-mark");
     mock.create_topic(&topic, 3);
-    let rows = insert_varied(&db, 80).await;
+    let rows = produce_varied(&db, 80, 7, true).await;
     let relay = RelayProcess::start(&db, &with(fast(&mock, &topic), &[("OUTBOX_BATCH_SIZE", "20")]));
     let want: HashSet<Uuid> = rows.iter().map(|row| row.id).collect();
     eventually(WAIT, "every row's record is in the topic", || async {
@@ -385,7 +295,7 @@ async fn cloudevents_binary_mode_is_read_by_the_official_sdk() {
     let mock = KafkaMock::start(1);
     let topic = unique_topic("kafka-ce");
     mock.create_topic(&topic, 3);
-    let rows = insert_varied(&db, 20).await;
+    let rows = produce_varied(&db, 20, 7, true).await;
     let relay = RelayProcess::start(
         &db,
         &with(
@@ -406,7 +316,7 @@ async fn cloudevents_binary_mode_is_read_by_the_official_sdk() {
         .iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
-    let by_id: HashMap<String, &Row> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
+    let by_id: HashMap<String, &ProducedRow> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
     let events = mock.read_cloudevents(&topic).await;
     assert_eq!(events.len(), rows.len(), "one record per row");
     for event in &events {
@@ -484,7 +394,7 @@ async fn a_relay_killed_mid_drain_loses_nothing_and_republishes_under_the_same_e
     let mock = KafkaMock::start(1);
     let topic = unique_topic("kafka-kill");
     mock.create_topic(&topic, 3);
-    let rows = insert_varied(&db, 400).await;
+    let rows = produce_varied(&db, 400, 7, true).await;
     let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
     // A short publish timeout gives a short lease (2 × timeout + 5 s).
     let env = with(
@@ -521,7 +431,7 @@ async fn a_relay_killed_mid_drain_loses_nothing_and_republishes_under_the_same_e
     drop(relay);
     assert_eq!(db.count("quarantined_at IS NOT NULL").await, 0);
     let records = mock.read(&topic).await;
-    let by_id: HashMap<String, &Row> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
+    let by_id: HashMap<String, &ProducedRow> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
     let mut copies: HashMap<String, usize> = HashMap::new();
     for record in &records {
         let row = by_id

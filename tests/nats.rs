@@ -18,7 +18,8 @@ use common::proxy::Proxy;
 use common::servers::{Certs, PrivateNats};
 use common::system::free_port;
 use common::{
-    eventually, nats_url, quick_settings, with, RelayProcess, Stored, StreamLimits, TestDb, TestStream,
+    eventually, nats_url, produce, produce_varied, quick_settings, with, ProducedRow, RelayProcess, Stored,
+    StreamLimits, TestDb, TestStream,
 };
 use futures::StreamExt;
 use uuid::Uuid;
@@ -34,71 +35,8 @@ fn fast(stream: &TestStream, url: &str) -> Vec<(&'static str, String)> {
     env
 }
 
-/// A row as the test inserted it, with the payload text PostgreSQL returns.
-#[derive(Debug, Clone)]
-struct Row {
-    id: Uuid,
-    causation_id: Option<Uuid>,
-    event_type: String,
-    aggregate_id: String,
-    payload: String,
-}
-
-async fn insert(
-    db: &TestDb,
-    causation_id: Option<Uuid>,
-    event_type: &str,
-    aggregate_id: &str,
-    payload: &str,
-) -> Row {
-    let id = Uuid::new_v4();
-    let stored: String = db
-        .client
-        .query_one(
-            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload, created_at)
-             VALUES ($1, $2, $3, $4, $5::text::jsonb, clock_timestamp())
-             RETURNING payload::text",
-            &[&id, &causation_id, &event_type, &aggregate_id, &payload],
-        )
-        .await
-        .expect("insert row")
-        .get(0);
-    Row {
-        id,
-        causation_id,
-        event_type: event_type.to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        payload: stored,
-    }
-}
-
-/// Rows with every kind of field: causation on some, several aggregates,
-/// non-ASCII text and JSON whose rendering PostgreSQL decides.
-async fn insert_varied(db: &TestDb, count: usize) -> Vec<Row> {
-    let cause = Uuid::new_v4();
-    let mut rows = Vec::with_capacity(count);
-    for n in 0..count {
-        let payload = format!(
-            r#"{{"n": {n}, "note": "ünïcödé ✓ 🎉 \"quoted\"\ttab", "nested": {{"b": [1, 2.50, null], "a": true}}}}"#
-        );
-        let event_type = if n % 3 == 0 { "order.paid" } else { "order.created" };
-        let aggregate = format!("order-{}", n % 7);
-        rows.push(
-            insert(
-                db,
-                (n % 2 == 0).then_some(cause),
-                event_type,
-                &aggregate,
-                &payload,
-            )
-            .await,
-        );
-    }
-    rows
-}
-
 /// Asserts a stored message carries exactly the row's fields.
-fn assert_fields(message: &Stored, row: &Row, stream: &TestStream) {
+fn assert_fields(message: &Stored, row: &ProducedRow, stream: &TestStream) {
     assert_eq!(
         message.body,
         row.payload.as_bytes(),
@@ -133,7 +71,7 @@ async fn published(db: &TestDb, ids: &[Uuid]) -> i64 {
         .get(0)
 }
 
-async fn all_published(db: &TestDb, rows: &[Row]) {
+async fn all_published(db: &TestDb, rows: &[ProducedRow]) {
     let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
     eventually(WAIT, "every row published", || async {
         published(db, &ids).await == ids.len() as i64
@@ -154,7 +92,7 @@ async fn readyz(port: u16) -> Option<(u16, String)> {
 async fn every_field_arrives_and_the_stream_holds_each_event_once() {
     let db = TestDb::migrated().await;
     let stream = TestStream::create().await;
-    let rows = insert_varied(&db, 60).await;
+    let rows = produce_varied(&db, 60, 7, false).await;
     let relay = RelayProcess::start(
         &db,
         &with(fast(&stream, &stream.url), &[("OUTBOX_BATCH_SIZE", "25")]),
@@ -162,7 +100,7 @@ async fn every_field_arrives_and_the_stream_holds_each_event_once() {
     all_published(&db, &rows).await;
     let stored = stream.messages().await;
     assert_eq!(stored.len(), rows.len(), "one message per row");
-    let by_id: HashMap<String, &Row> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
+    let by_id: HashMap<String, &ProducedRow> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
     for message in &stored {
         let row = by_id
             .get(&message.msg_id())
@@ -185,7 +123,7 @@ async fn a_batch_is_acknowledged_together_not_one_round_trip_per_message() {
     // message, a batch of 100 would need 40 s, far past the 5 s publish
     // timeout, and its rows would be deferred and published again later.
     let proxy = Proxy::start_with_latency(common::nats::nats_addr(), Duration::from_millis(200)).await;
-    let rows = insert_varied(&db, 100).await;
+    let rows = produce_varied(&db, 100, 7, false).await;
     let relay = RelayProcess::start(
         &db,
         &with(
@@ -215,7 +153,7 @@ async fn a_batch_is_acknowledged_together_not_one_round_trip_per_message() {
 async fn a_duplicate_acknowledgement_counts_as_published() {
     let db = TestDb::migrated().await;
     let stream = TestStream::create().await;
-    let row = insert(&db, None, "order.created", "order-1", r#"{"n": 1}"#).await;
+    let row = produce(&db, None, "order.created", "order-1", r#"{"n": 1}"#).await;
     // The message is already in the stream, under the row's id (as after
     // a relay died between the acknowledgement and the mark).
     let event = outbox_relay::event::Event {
@@ -258,7 +196,7 @@ async fn a_missing_stream_makes_the_relay_not_ready_and_burns_no_attempts() {
     let db = TestDb::migrated().await;
     let url = nats_url();
     let stream = TestStream::unnamed(&url, TestStream::connect(&url).await);
-    let rows = insert_varied(&db, 30).await;
+    let rows = produce_varied(&db, 30, 7, false).await;
     let port = free_port();
     let relay = RelayProcess::start(
         &db,
@@ -318,19 +256,19 @@ async fn rows_nats_cannot_take_are_quarantined_at_once_and_their_batch_mates_pub
     let blob = |bytes: usize| format!(r#"{{"blob": "{}"}}"#, "x".repeat(bytes - 12));
     let mut good = Vec::new();
     for n in 0..4 {
-        good.push(insert(&db, None, "order.created", "order-1", &format!(r#"{{"n": {n}}}"#)).await);
+        good.push(produce(&db, None, "order.created", "order-1", &format!(r#"{{"n": {n}}}"#)).await);
     }
     // Over the stream's max_msg_size: the stream refuses it.
-    let over_stream = insert(&db, None, "order.created", "order-1", &blob(8192)).await;
+    let over_stream = produce(&db, None, "order.created", "order-1", &blob(8192)).await;
     // Under the server's max_payload, over it with the headers: the sink
     // refuses to send it (the server would close the connection).
-    let over_with_headers = insert(&db, None, "order.created", "order-2", &blob(max_payload - 20)).await;
+    let over_with_headers = produce(&db, None, "order.created", "order-2", &blob(max_payload - 20)).await;
     // Over max_payload by itself: the claim does not even load it.
-    let over_payload = insert(&db, None, "order.created", "order-2", &blob(max_payload + 1)).await;
+    let over_payload = produce(&db, None, "order.created", "order-2", &blob(max_payload + 1)).await;
     // A subject with white space in it cannot be published to.
-    let bad_subject = insert(&db, None, "order created", "order-3", r#"{"n": 9}"#).await;
+    let bad_subject = produce(&db, None, "order created", "order-3", r#"{"n": 9}"#).await;
     for n in 4..8 {
-        good.push(insert(&db, None, "order.created", "order-3", &format!(r#"{{"n": {n}}}"#)).await);
+        good.push(produce(&db, None, "order.created", "order-3", &format!(r#"{{"n": {n}}}"#)).await);
     }
     let relay = RelayProcess::start(&db, &fast(&stream, &stream.url));
     all_published(&db, &good).await;
@@ -375,17 +313,17 @@ async fn a_subject_over_the_control_line_limit_is_quarantined_and_the_others_pub
     let stream = TestStream::create().await;
     let mut good = Vec::new();
     for n in 0..200 {
-        good.push(insert(&db, None, "order.created", &format!("order-{n}"), r#"{"n": 1}"#).await);
+        good.push(produce(&db, None, "order.created", &format!("order-{n}"), r#"{"n": 1}"#).await);
     }
     // Its subject alone is longer than the server's max_control_line
     // (4096 bytes): the server would close the connection on its publish,
     // failing its batch-mates with it, on every claim.
-    let long = insert(&db, None, "order.created", &"a".repeat(5000), r#"{"n": 2}"#).await;
+    let long = produce(&db, None, "order.created", &"a".repeat(5000), r#"{"n": 2}"#).await;
     for n in 200..399 {
-        good.push(insert(&db, None, "order.created", &format!("order-{n}"), r#"{"n": 3}"#).await);
+        good.push(produce(&db, None, "order.created", &format!("order-{n}"), r#"{"n": 3}"#).await);
     }
     // A long subject that fits the line is sent, and the server takes it.
-    good.push(insert(&db, None, "order.created", &"b".repeat(3800), r#"{"n": 4}"#).await);
+    good.push(produce(&db, None, "order.created", &"b".repeat(3800), r#"{"n": 4}"#).await);
     let subject = format!("{}.{{aggregate_id}}", stream.prefix);
     let relay = RelayProcess::start(
         &db,
@@ -436,7 +374,7 @@ async fn a_cut_connection_mid_run_loses_nothing_and_duplicates_nothing_in_the_st
     );
     let mut rows = Vec::new();
     for round in 0..5 {
-        rows.extend(insert_varied(&db, 80).await);
+        rows.extend(produce_varied(&db, 80, 7, false).await);
         // Cut while the relay is publishing this round.
         let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
         eventually(WAIT, "some of the round published", || async {
@@ -468,7 +406,7 @@ async fn a_relay_killed_between_ack_and_mark_republishes_under_the_same_id_and_t
         .expect("subscribe");
     watcher.flush().await.expect("subscription registered");
     common::hang_marks(&db).await;
-    let row = insert(
+    let row = produce(
         &db,
         Some(Uuid::new_v4()),
         "order.created",
@@ -548,7 +486,7 @@ async fn tls_and_a_password_in_the_url_work_and_the_password_is_never_shown() {
     let stream = TestStream::unnamed(&url, async_nats::jetstream::new(client));
     stream.add(&StreamLimits::default()).await;
     let db = TestDb::migrated().await;
-    let rows = insert_varied(&db, 20).await;
+    let rows = produce_varied(&db, 20, 7, false).await;
     let with_password = format!("tls://relay:{PASSWORD}@localhost:{}", server.port);
     let ca = certs.path("ca.pem");
     let env = with(fast(&stream, &with_password), &[("OUTBOX_NATS_CA_FILE", &ca)]);

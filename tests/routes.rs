@@ -32,7 +32,7 @@ use common::proxy::Proxy;
 use common::sqs::{aws_env, endpoint as sqs_endpoint, SqsReceived, TestQueue};
 use common::sqs_faults::{Fault, SqsProxy};
 use common::system::free_port;
-use common::{eventually, quick_settings, with, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get, quick_settings, with, RelayProcess, TestBroker, TestDb};
 use uuid::Uuid;
 
 /// Deadline of every wait; a passing test never waits this long.
@@ -213,22 +213,6 @@ async fn published_out_of_order(db: &TestDb, ids: &[Uuid]) -> Vec<(String, Vec<O
 
 // ------------------------------------------------------------------- HTTP
 
-/// `GET http://127.0.0.1:port/path`: status and body, `None` while nothing
-/// answers.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("HTTP client");
-    let response = client
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.unwrap_or_default()))
-}
-
 /// The value of the series `name{…destination="<destination>"…}` in a
 /// Prometheus text exposition.
 /// The `destination` of a relay configured by the environment, whose
@@ -257,7 +241,7 @@ fn series(text: &str, name: &str, destination: &str) -> Option<f64> {
 async fn metrics_show(port: u16, expected: &[(&str, &str, f64)]) {
     let deadline = Instant::now() + WAIT;
     loop {
-        let text = match get(port, "/metrics").await {
+        let text = match http_get(port, "/metrics").await {
             Some((200, text)) => text,
             _ => String::new(),
         };
@@ -311,7 +295,7 @@ async fn down_while_others_ready(db: &TestDb, port: u16, down: (&str, &str), up:
             down.0, up.0
         ),
         || async {
-            let answer = get(port, "/readyz").await;
+            let answer = http_get(port, "/readyz").await;
             let hit = ready_without(&answer, down, up);
             let mut last = last.lock().expect("last answer");
             if !hit && *last != answer {
@@ -329,7 +313,7 @@ async fn down_while_others_ready(db: &TestDb, port: u16, down: (&str, &str), up:
     let before = row_updates(db).await;
     let started = Instant::now();
     while started.elapsed() < RATE_WINDOW {
-        let answer = get(port, "/readyz").await;
+        let answer = http_get(port, "/readyz").await;
         assert!(
             ready_without(&answer, down, up),
             "/readyz changed while destination {} stayed down: {answer:?}",
@@ -653,7 +637,7 @@ async fn without_a_file_the_environment_makes_one_default_destination_as_before(
     assert_eq!(distinct(&received), id_set(&ids), "every row arrived");
     all_published(&db, &ids, "the environment-configured relay").await;
     assert_eq!(
-        get(port, "/readyz").await,
+        http_get(port, "/readyz").await,
         Some((200, "ready\n".to_owned())),
         "/readyz says what it said before routes"
     );
@@ -665,7 +649,7 @@ async fn without_a_file_the_environment_makes_one_default_destination_as_before(
         ],
     )
     .await;
-    let text = get(port, "/metrics")
+    let text = http_get(port, "/metrics")
         .await
         .map(|(_, text)| text)
         .unwrap_or_default();
@@ -690,7 +674,7 @@ async fn a_file_without_destinations_leaves_the_sink_to_the_environment() {
     assert_eq!(distinct(&received), id_set(&ids), "every row arrived");
     all_published(&db, &ids, "the relay with a file of top-level settings").await;
     assert_eq!(
-        get(port, "/readyz").await,
+        http_get(port, "/readyz").await,
         Some((200, "ready\n".to_owned())),
         "/readyz (on the file's http_addr) says what it says without a file"
     );
@@ -948,7 +932,7 @@ async fn recovered(db: &TestDb, port: u16, back: (&str, &str), ids: &[Uuid]) {
         WAIT,
         &format!("/readyz lists destination {name} as ready again"),
         || async {
-            matches!(get(port, "/readyz").await,
+            matches!(http_get(port, "/readyz").await,
             Some((200, body)) if readiness_of(&body, name) == Some(ready.as_str()))
         },
     )
@@ -1151,7 +1135,7 @@ async fn a_destination_denying_every_request_holds_back_only_its_rows() {
         "the relay sent {requests_per_second:.1} requests a second to a destination denying every one \
          (at most {MAX_REQUESTS_PER_SECOND})"
     );
-    let readiness = get(port, "/readyz").await;
+    let readiness = http_get(port, "/readyz").await;
     assert!(
         matches!(&readiness, Some((200, body))
             if readiness_of(body, "orders").is_some_and(|line| line.contains("AccessDenied"))),
@@ -1395,7 +1379,7 @@ async fn a_cut_destination_holds_back_only_the_aggregates_with_a_row_for_it() {
         "/readyz answering 200 with beta not ready and alpha ready",
         || async {
             ready_without(
-                &get(port, "/readyz").await,
+                &http_get(port, "/readyz").await,
                 ("beta", "rabbitmq"),
                 ("alpha", "sqs"),
             )

@@ -30,7 +30,7 @@ use common::proxy::Proxy;
 use common::rows::Rows;
 use common::sqs::{aws_env, SqsReceived, TestQueue};
 use common::system::free_port;
-use common::{eventually, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get, RelayProcess, TestBroker, TestDb};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -179,22 +179,6 @@ fn source_of(entry: &Value) -> Option<&str> {
 
 // ------------------------------------------------------------------- HTTP
 
-/// `GET http://127.0.0.1:port/path`: status and body, `None` while nothing
-/// answers.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("HTTP client");
-    let response = client
-        .get(format!("http://127.0.0.1:{port}{path}"))
-        .send()
-        .await
-        .ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.unwrap_or_default()))
-}
-
 /// The value of the series `name{labels}` (labels exactly as written, in
 /// order) in a Prometheus text exposition.
 fn series(text: &str, name: &str, labels: &str) -> Option<f64> {
@@ -208,7 +192,7 @@ fn series(text: &str, name: &str, labels: &str) -> Option<f64> {
 async fn metrics_show(port: u16, expected: &[(&str, String, f64)]) {
     let deadline = Instant::now() + WAIT;
     loop {
-        let text = match get(port, "/metrics").await {
+        let text = match http_get(port, "/metrics").await {
             Some((200, text)) => text,
             _ => String::new(),
         };
@@ -240,7 +224,7 @@ fn source_line<'a>(body: &'a str, name: &str) -> Option<&'a str> {
 /// Whether `/readyz` answers 200 with `down` not ready and every other
 /// source of the world ready.
 async fn ready_without(port: u16, down: &str) -> bool {
-    let Some((200, body)) = get(port, "/readyz").await else {
+    let Some((200, body)) = http_get(port, "/readyz").await else {
         return false;
     };
     ["orders", "billing", "shipping"].iter().all(|name| {
@@ -384,7 +368,7 @@ async fn three_sources_to_two_destinations_deliver_every_event_once_under_its_so
         ],
     )
     .await;
-    let (status, body) = get(port, "/readyz").await.expect("/readyz answers");
+    let (status, body) = http_get(port, "/readyz").await.expect("/readyz answers");
     assert_eq!(status, 200, "{body}");
     for name in ["orders", "billing", "shipping"] {
         assert_eq!(
@@ -544,7 +528,7 @@ async fn a_source_cut_off_read_only_or_without_its_table_holds_back_only_itself_
     let world = World::create().await.migrated(&file).await;
     let (_relay, log) = start_relay(&world, &file, port);
     eventually(WAIT, "every source ready", || async {
-        matches!(get(port, "/readyz").await, Some((200, body)) if ["orders", "billing", "shipping"]
+        matches!(http_get(port, "/readyz").await, Some((200, body)) if ["orders", "billing", "shipping"]
             .iter()
             .all(|name| source_line(&body, name) == Some(format!("source {name}: ready").as_str())))
     })

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::proxy::Proxy;
 use common::sqs::{SqsReceived, TestQueue};
 use common::system::free_port;
-use common::{eventually, quick_settings, with, RelayProcess, TestDb};
+use common::{eventually, produce, produce_varied, quick_settings, with, ProducedRow, RelayProcess, TestDb};
 use uuid::Uuid;
 
 /// Deadline of every wait. Generous: the emulator is one process shared by
@@ -32,73 +32,8 @@ fn fast(queue: &TestQueue, endpoint_url: &str) -> Vec<(&'static str, String)> {
     env
 }
 
-/// A row as the test inserted it, with the payload text PostgreSQL returns.
-#[derive(Debug, Clone)]
-struct Row {
-    id: Uuid,
-    causation_id: Option<Uuid>,
-    event_type: String,
-    aggregate_id: String,
-    payload: String,
-}
-
-/// Inserts one row as a producer would; `created_at` increases with each
-/// insert, so claim order is insertion order.
-async fn insert(
-    db: &TestDb,
-    causation_id: Option<Uuid>,
-    event_type: &str,
-    aggregate_id: &str,
-    payload: &str,
-) -> Row {
-    let id = Uuid::new_v4();
-    let stored: String = db
-        .client
-        .query_one(
-            "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload, created_at)
-             VALUES ($1, $2, $3, $4, $5::text::jsonb, clock_timestamp())
-             RETURNING payload::text",
-            &[&id, &causation_id, &event_type, &aggregate_id, &payload],
-        )
-        .await
-        .expect("insert row")
-        .get(0);
-    Row {
-        id,
-        causation_id,
-        event_type: event_type.to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        payload: stored,
-    }
-}
-
-/// Rows with every kind of field: causation set on some, several
-/// aggregates, non-ASCII text and JSON whose rendering PostgreSQL decides.
-async fn insert_varied(db: &TestDb, count: usize, aggregates: usize) -> Vec<Row> {
-    let cause = Uuid::new_v4();
-    let mut rows = Vec::with_capacity(count);
-    for n in 0..count {
-        let payload = format!(
-            r#"{{"n": {n}, "note": "ünïcödé ✓ 🎉 \"quoted\"\ttab", "nested": {{"b": [1, 2.50, null], "a": true}}}}"#
-        );
-        let event_type = if n % 3 == 0 { "order.paid" } else { "order.created" };
-        let aggregate = format!("order-{}", n % aggregates);
-        rows.push(
-            insert(
-                db,
-                (n % 2 == 0).then_some(cause),
-                event_type,
-                &aggregate,
-                &payload,
-            )
-            .await,
-        );
-    }
-    rows
-}
-
 /// Asserts a received message carries exactly the row's fields.
-fn assert_fields(message: &SqsReceived, row: &Row, fifo: bool) {
+fn assert_fields(message: &SqsReceived, row: &ProducedRow, fifo: bool) {
     assert_eq!(
         message.body, row.payload,
         "body is the payload text, byte for byte"
@@ -157,7 +92,7 @@ async fn published(db: &TestDb, ids: &[Uuid]) -> i64 {
 async fn fields_arrive(fifo: bool) {
     let db = TestDb::migrated().await;
     let queue = TestQueue::create(fifo, None).await;
-    let rows = insert_varied(&db, 60, 5).await;
+    let rows = produce_varied(&db, 60, 5, false).await;
     // Batches of 25 cross request boundaries (10 entries) and batches.
     // One batch at a time: with several in flight and OUTBOX_ORDERING=none
     // batches may overtake each other, and what this test checks is that
@@ -170,7 +105,7 @@ async fn fields_arrive(fifo: bool) {
         ),
     );
     let received = queue.receive(rows.len(), WAIT).await;
-    let by_id: HashMap<String, &Row> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
+    let by_id: HashMap<String, &ProducedRow> = rows.iter().map(|row| (row.id.to_string(), row)).collect();
     let ids: HashSet<String> = received.iter().map(SqsReceived::event_id).collect();
     assert_eq!(ids.len(), rows.len(), "every row arrived once");
     for message in &received {
@@ -226,9 +161,9 @@ async fn rows_sqs_cannot_take_are_quarantined_at_once_and_their_batch_mates_publ
     let queue = TestQueue::create(false, Some(1024)).await;
     let mut good = Vec::new();
     for n in 0..4 {
-        good.push(insert(&db, None, "order.created", "order-1", &format!(r#"{{"n": {n}}}"#)).await);
+        good.push(produce(&db, None, "order.created", "order-1", &format!(r#"{{"n": {n}}}"#)).await);
     }
-    let oversized = insert(
+    let oversized = produce(
         &db,
         None,
         "order.created",
@@ -237,11 +172,11 @@ async fn rows_sqs_cannot_take_are_quarantined_at_once_and_their_batch_mates_publ
     )
     .await;
     for n in 4..8 {
-        good.push(insert(&db, None, "order.created", "order-2", &format!(r#"{{"n": {n}}}"#)).await);
+        good.push(produce(&db, None, "order.created", "order-2", &format!(r#"{{"n": {n}}}"#)).await);
     }
     // U+FFFF is valid in JSON and in PostgreSQL, but not in an SQS body.
-    let invalid = insert(&db, None, "order.created", "order-2", "{\"s\": \"a\u{FFFF}b\"}").await;
-    good.push(insert(&db, None, "order.created", "order-3", r#"{"n": 8}"#).await);
+    let invalid = produce(&db, None, "order.created", "order-2", "{\"s\": \"a\u{FFFF}b\"}").await;
+    good.push(produce(&db, None, "order.created", "order-3", r#"{"n": 8}"#).await);
 
     // One batch holds them all, so the rejected rows share requests'
     // worth of batch-mates.
@@ -339,7 +274,11 @@ async fn an_unreachable_queue_is_waited_out_and_everything_delivered_after() {
 
     // Unreachable at start-up: an outage to wait out, not a crash.
     proxy.refuse(true);
-    let early: Vec<Uuid> = insert_varied(&db, 40, 7).await.iter().map(|row| row.id).collect();
+    let early: Vec<Uuid> = produce_varied(&db, 40, 7, false)
+        .await
+        .iter()
+        .map(|row| row.id)
+        .collect();
     let mut relay = RelayProcess::start(&db, &env);
     outage_holds(&db, port, &early).await;
     assert!(
@@ -352,7 +291,11 @@ async fn an_unreachable_queue_is_waited_out_and_everything_delivered_after() {
     // Unreachable mid-run: open connections cut, new ones refused.
     proxy.refuse(true);
     proxy.cut();
-    let during: Vec<Uuid> = insert_varied(&db, 60, 7).await.iter().map(|row| row.id).collect();
+    let during: Vec<Uuid> = produce_varied(&db, 60, 7, false)
+        .await
+        .iter()
+        .map(|row| row.id)
+        .collect();
     outage_holds(&db, port, &during).await;
     proxy.refuse(false);
     all_delivered(&db, &queue, &during).await;
@@ -380,9 +323,9 @@ async fn kill_between_send_and_commit(
     db: &TestDb,
     queue: &TestQueue,
     keep_first_delivery: bool,
-) -> (Row, SqsReceived, RelayProcess) {
+) -> (ProducedRow, SqsReceived, RelayProcess) {
     common::hang_marks(db).await;
-    let row = insert(
+    let row = produce(
         db,
         Some(Uuid::new_v4()),
         "order.created",

@@ -31,6 +31,7 @@
 pub mod broker;
 pub mod config_file;
 pub mod db;
+pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 #[cfg(feature = "nats")]
@@ -54,11 +55,13 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "amqp")]
 pub use broker::{amqp_url, Received, TestBroker};
 pub use db::{hang_marks, pg_admin_url, release_marks, NoRelay, TestDb};
+pub use http::http_get;
 #[cfg(feature = "kafka")]
 pub use kafka::{unique_topic, KafkaApi, KafkaMock, KafkaRecord};
 #[cfg(feature = "nats")]
 pub use nats::{nats_url, Stored, StreamLimits, TestStream};
 pub use relay_process::{quick_settings, run_to_end, with, RelayBinary, RelayProcess};
+pub use rows::{produce, produce_varied, produce_with_headers, ProducedRow};
 
 /// A name no other test uses, for a database, an exchange or a queue.
 fn unique(prefix: &str) -> String {

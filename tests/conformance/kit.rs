@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 use uuid::Uuid;
 
 use crate::common::system::free_port;
-use crate::common::{eventually, quick_settings, RelayProcess, TestDb};
+use crate::common::{eventually, http_get, quick_settings, RelayProcess, TestDb};
 
 /// Deadline of every wait; a passing case never waits this long.
 pub const WAIT: Duration = Duration::from_secs(120);
@@ -174,17 +174,7 @@ impl<B: Broker> Bench<B> {
     /// `GET` one of the relay's endpoints: status and body, `None` while
     /// nothing answers.
     pub async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("HTTP client");
-        let response = client
-            .get(format!("http://127.0.0.1:{}{path}", self.http))
-            .send()
-            .await
-            .ok()?;
-        let status = response.status().as_u16();
-        Some((status, response.text().await.unwrap_or_default()))
+        http_get(self.http, path).await
     }
 
     /// Every id received so far.
