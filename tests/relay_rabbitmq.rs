@@ -113,6 +113,61 @@ async fn two_relays_deliver_every_row_exactly_once_in_normal_operation() {
     broker.cleanup().await;
 }
 
+/// While a backlog drains, the workers' claims start past the last row
+/// the relay took (see src/relay/claim_start.rs). Rows that become due
+/// behind that point all the same, here dated before the whole backlog as
+/// rows of a producer transaction that began before it and committed late
+/// would be, are published too, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_committed_behind_a_draining_relay_are_published_once() {
+    let db = TestDb::migrated().await;
+    let broker = TestBroker::create("#").await;
+    let backlog = db.insert_events(10_000, "load.test").await;
+    let env = with(
+        fast(&broker),
+        &[("OUTBOX_BATCH_SIZE", "50"), ("OUTBOX_WORKERS", "4")],
+    );
+    let _relay = RelayProcess::start(&db, &env);
+    eventually(WAIT, "the drain under way", || async {
+        db.count("published_at IS NOT NULL").await >= 500
+    })
+    .await;
+    let late: Vec<Uuid> = db
+        .column(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'late.test', 'late', jsonb_build_object('n', n),
+                    timestamptz '2000-01-01' + n * interval '1 second'
+             FROM generate_series(1, 20) AS n
+             RETURNING id",
+            &[],
+        )
+        .await;
+    let still_draining = db
+        .count("published_at IS NULL AND event_type = 'load.test'")
+        .await;
+    eprintln!("{still_draining} rows of the backlog were unpublished when the late rows committed");
+
+    let received = broker.receive(backlog.len() + late.len(), WAIT).await;
+    let unique: HashSet<&str> = received.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(unique.len(), received.len(), "a row was published twice");
+    for id in &late {
+        assert!(
+            unique.contains(id.to_string().as_str()),
+            "late row {id} was not published"
+        );
+    }
+    assert_eq!(received.len(), backlog.len() + late.len(), "every row, once");
+    assert!(
+        broker.receive(1, Duration::from_millis(500)).await.is_empty(),
+        "a row was published twice"
+    );
+    eventually(WAIT, "all rows marked", || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    broker.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unroutable_rows_back_off_then_quarantine_while_others_flow() {
     let db = TestDb::migrated().await;

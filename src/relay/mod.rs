@@ -46,8 +46,8 @@ use crate::retry::Backoff;
 use crate::route::Router;
 use crate::sink::Outcome;
 pub use crate::store::OnPublish;
-use crate::store::{ClaimBudget, Claimed, Ordering, RouteFilter, Store, StoreError};
-use claim_start::ClaimStarts;
+use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, Store, StoreError};
+use claim_start::{ClaimFrontier, ClaimScope, ClaimStarts};
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -122,6 +122,8 @@ pub struct Relay {
     wake: Arc<Notify>,
     liveness: Arc<Liveness>,
     catch_up: Arc<CatchUp>,
+    /// Where the workers' claims start while catching up.
+    frontier: ClaimFrontier,
     database_outage: Mutex<Outage>,
     health: Arc<RelayHealth>,
     /// Failures and quarantines of rows no destination was chosen for.
@@ -179,6 +181,7 @@ impl Relay {
             )),
             config,
             catch_up: Arc::default(),
+            frontier: ClaimFrontier::default(),
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
@@ -288,7 +291,18 @@ impl Relay {
                     .max()
                     .unwrap_or(0),
             };
-            let start = starts.next(claimed_at);
+            // A probe takes one destination's rows only: where it got to
+            // says nothing about the others', so it reads from the oldest
+            // row and moves no frontier.
+            let scope: Option<ClaimScope> = plan.probe.is_none().then(|| {
+                let mut scope = plan.open.clone();
+                scope.push(plan.unrouted);
+                scope
+            });
+            let start = match &scope {
+                Some(scope) => starts.next(&self.frontier, scope, claimed_at),
+                None => ClaimStart::Oldest,
+            };
             let claim = if confirmed.rows.is_empty() {
                 self.store
                     .claim_from(
@@ -316,16 +330,20 @@ impl Relay {
             };
             let batch = match claim {
                 Ok(batch) => {
-                    starts.claimed(
-                        start,
-                        claimed_at,
-                        batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
-                        batch
-                            .events
-                            .iter()
-                            .map(|event| (event.created_at, event.id))
-                            .min(),
-                    );
+                    if let Some(scope) = &scope {
+                        starts.claimed(
+                            &self.frontier,
+                            scope,
+                            start,
+                            claimed_at,
+                            batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
+                            batch
+                                .events
+                                .iter()
+                                .map(|event| (event.created_at, event.id))
+                                .max(),
+                        );
+                    }
                     confirmed.rows.clear();
                     db_state.succeeded();
                     self.health.claim_succeeded();

@@ -29,13 +29,13 @@
 -- and an older relay's lease is honoured.
 --
 -- ($5, $6), when not NULL, is where the fresh path starts in its
--- (created_at, id) order: a relay catching up passes the first row of its
--- previous claim, so
--- that the claim descends the index to it instead of stepping over the
--- entries of every row published since the last VACUUM (published rows
--- leave their entries in the fresh index until then, at its start, which
--- a claim from the start walks: measured at 3 ms a claim with 200,000 of
--- them). Rows older than that point which become due again (given back
+-- (created_at, id) order: a relay catching up passes the last row its
+-- full claims took, so that the claim descends the index to it instead of
+-- stepping over the entries of every row published since the last VACUUM
+-- (published rows leave their entries in the fresh index until then, at
+-- its start, which a claim from the start walks: measured at 3 ms a claim
+-- with 200,000 of them) and over the rows the relay's other workers have
+-- in flight. Rows older than that point which become due again (given back
 -- after an outage, left by a dead relay, released) are found by the next
 -- claim from the start, which the relay makes at least once a second (see
 -- relay/claim_start.rs). NULL reads from the start. The planner folds the
