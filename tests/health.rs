@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::system::free_addr;
-use common::{eventually, quick_settings, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get_at, quick_settings, RelayProcess, TestBroker, TestDb};
 use futures::future::BoxFuture;
 use outbox_relay::cli::{Cli, Command};
 use outbox_relay::event::Event;
@@ -29,18 +29,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// `(status, body)` of `GET http://addr/path`, or `None` when nothing
 /// answered within `timeout`.
-async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String)> {
-    let client = reqwest::Client::builder()
-        .timeout(timeout)
-        .build()
-        .expect("http client");
-    let response = client.get(format!("http://{addr}{path}")).send().await.ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.ok()?))
-}
-
 async fn healthy(addr: SocketAddr) -> bool {
-    get(addr, "/healthz", Duration::from_secs(10))
+    http_get_at(addr, "/healthz", Duration::from_secs(10))
         .await
         .is_some_and(|(status, _)| status == 200)
 }
@@ -164,14 +154,18 @@ async fn healthz_names_a_worker_that_stopped_making_progress() {
         })
     };
     eventually(WAIT, "/healthz answers 503", || async {
-        get(addr, "/healthz", Duration::from_secs(10))
+        http_get_at(addr, "/healthz", Duration::from_secs(10))
             .await
             .is_some_and(|(status, _)| status == 503)
     })
     .await;
-    let (_, reason) = get(addr, "/healthz", Duration::from_secs(10)).await.unwrap();
+    let (_, reason) = http_get_at(addr, "/healthz", Duration::from_secs(10))
+        .await
+        .unwrap();
     assert!(reason.contains("relay worker 1"), "{reason}");
-    let (_, metrics) = get(addr, "/metrics", Duration::from_secs(10)).await.unwrap();
+    let (_, metrics) = http_get_at(addr, "/metrics", Duration::from_secs(10))
+        .await
+        .unwrap();
     assert!(
         metrics.contains("outbox_relay_last_progress_timestamp_seconds "),
         "{metrics}"
@@ -240,7 +234,7 @@ async fn idle_connections_beyond_the_limit_cannot_lock_out_the_probes() {
     // Every slot is held by a connection that sends nothing: a probe waits
     // (well under the header read timeout that frees them).
     assert_eq!(
-        get(http, "/healthz", Duration::from_secs(1)).await,
+        http_get_at(http, "/healthz", Duration::from_secs(1)).await,
         None,
         "a connection beyond the limit is not served while every slot is held"
     );

@@ -12,7 +12,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use common::proxy::Proxy;
 use common::rows::Rows;
 use common::system::free_addr;
-use common::{eventually, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get_at, RelayProcess, TestBroker, TestDb};
 use outbox_relay::maintenance::{gauges, retention};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::CatchUp;
@@ -55,16 +55,6 @@ fn counts(reading: &GaugeReading) -> (BacklogCounts, f64) {
 // ------------------------------------------------------------------- HTTP
 
 /// `(status, body)` of `GET http://addr/path`, or `None` while nothing answers.
-async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("http client");
-    let response = client.get(format!("http://{addr}{path}")).send().await.ok()?;
-    let status = response.status().as_u16();
-    Some((status, response.text().await.ok()?))
-}
-
 /// The value of an unlabelled series in a Prometheus text exposition.
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
@@ -72,7 +62,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 }
 
 async fn scrape(addr: SocketAddr) -> Option<String> {
-    match get(addr, "/metrics").await {
+    match http_get_at(addr, "/metrics", Duration::from_secs(10)).await {
         Some((200, body)) => Some(body),
         _ => None,
     }
@@ -618,9 +608,13 @@ async fn metrics_of_a_running_relay_report_the_backlog() {
 
     // The sink is not usable (missing exchange): alive, but not ready, and
     // the reason says why.
-    let (status, _) = get(http, "/healthz").await.expect("healthz answers");
+    let (status, _) = http_get_at(http, "/healthz", Duration::from_secs(10))
+        .await
+        .expect("healthz answers");
     assert_eq!(status, 200);
-    let (status, body) = get(http, "/readyz").await.expect("readyz answers");
+    let (status, body) = http_get_at(http, "/readyz", Duration::from_secs(10))
+        .await
+        .expect("readyz answers");
     assert_eq!(status, 503, "{body}");
     assert!(
         body.contains("rabbitmq") && body.contains("outbox-test-missing-"),
@@ -654,7 +648,7 @@ async fn readiness_follows_the_broker() {
     );
 
     let ready = |expected: u16| async move {
-        get(http, "/readyz")
+        http_get_at(http, "/readyz", Duration::from_secs(10))
             .await
             .is_some_and(|(status, _)| status == expected)
     };
@@ -663,13 +657,17 @@ async fn readiness_follows_the_broker() {
     proxy.refuse(true);
     proxy.cut();
     eventually(WAIT, "not ready while the broker is unreachable", || ready(503)).await;
-    let (_, reason) = get(http, "/readyz").await.expect("readyz answers");
+    let (_, reason) = http_get_at(http, "/readyz", Duration::from_secs(10))
+        .await
+        .expect("readyz answers");
     assert!(reason.contains("rabbitmq"), "the reason names the sink: {reason}");
     assert!(
         !reason.contains("guest:guest"),
         "no credentials in the reason: {reason}"
     );
-    let (status, _) = get(http, "/healthz").await.expect("healthz answers");
+    let (status, _) = http_get_at(http, "/healthz", Duration::from_secs(10))
+        .await
+        .expect("healthz answers");
     assert_eq!(status, 200, "alive through a broker outage");
 
     proxy.refuse(false);

@@ -80,8 +80,16 @@ struct Options {
     /// Seconds of each producer-throughput run (NOTIFY trigger cost).
     #[arg(long, default_value = "10")]
     insert_seconds: u64,
-    /// Admin connection to PostgreSQL.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    /// Admin connection to PostgreSQL; the relays and the row-lock loop
+    /// connect to their databases on it the same way. Without TLS by
+    /// default, as the loop (tokio-postgres without a TLS connector)
+    /// always connects: the relay's default `sslmode=prefer` would
+    /// otherwise negotiate TLS with a server that offers it, and the
+    /// pairs would compare a relay behind TLS with a loop without.
+    #[arg(
+        long,
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+    )]
     pg_url: String,
     /// RabbitMQ.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
