@@ -19,6 +19,20 @@ fn fast(broker: &TestBroker) -> Vec<(&'static str, String)> {
     env
 }
 
+/// Nothing more arrives (a short wait for strays: a row published
+/// twice), every row ends marked, and the broker's queue goes.
+async fn nothing_more_and_every_row_marked(db: &TestDb, broker: TestBroker) {
+    assert!(
+        broker.receive(1, Duration::from_millis(500)).await.is_empty(),
+        "a row was published twice"
+    );
+    eventually(WAIT, "all rows marked", || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    broker.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_become_messages_with_the_spec_properties() {
     let db = TestDb::migrated().await;
@@ -101,16 +115,7 @@ async fn two_relays_deliver_every_row_exactly_once_in_normal_operation() {
     assert_eq!(unique.len(), ids.len());
     let expected: HashSet<String> = ids.iter().map(Uuid::to_string).collect();
     assert!(unique.iter().all(|id| expected.contains(*id)));
-    // Nothing more arrives: a short extra wait for strays.
-    assert!(
-        broker.receive(1, Duration::from_millis(500)).await.is_empty(),
-        "a row was published twice"
-    );
-    eventually(WAIT, "all rows marked", || async {
-        db.count("published_at IS NULL").await == 0
-    })
-    .await;
-    broker.cleanup().await;
+    nothing_more_and_every_row_marked(&db, broker).await;
 }
 
 /// While a backlog drains, the workers' claims start past the last row
@@ -157,15 +162,7 @@ async fn rows_committed_behind_a_draining_relay_are_published_once() {
         );
     }
     assert_eq!(received.len(), backlog.len() + late.len(), "every row, once");
-    assert!(
-        broker.receive(1, Duration::from_millis(500)).await.is_empty(),
-        "a row was published twice"
-    );
-    eventually(WAIT, "all rows marked", || async {
-        db.count("published_at IS NULL").await == 0
-    })
-    .await;
-    broker.cleanup().await;
+    nothing_more_and_every_row_marked(&db, broker).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
