@@ -401,18 +401,20 @@ async fn a_relay_killed_mid_drain_loses_nothing_and_republishes_under_the_same_e
         fast(&mock, &topic),
         &[("OUTBOX_BATCH_SIZE", "20"), ("OUTBOX_PUBLISH_TIMEOUT", "1s")],
     );
+    // Once 60 rows are marked, marks hang: what Kafka stores next is
+    // stored but never marked, as when a relay dies between the delivery
+    // report and the mark; the kill then lands mid-drain with such rows in
+    // flight. In place before the relay starts, so that a relay that
+    // drains all 400 rows before the test looks is still caught.
+    common::hang_marks_after(&db, 60).await;
     let mut relay = RelayProcess::start(&db, &env);
     eventually(WAIT, "a first part of the rows published", || async {
         published(&db, &ids).await >= 60
     })
     .await;
-    // From here marks hang: what Kafka stores next is stored but never
-    // marked, as when a relay dies between the delivery report and the
-    // mark; the kill then lands mid-drain with such rows in flight.
-    common::hang_marks(&db).await;
-    let marked_before = published(&db, &ids).await;
     eventually(WAIT, "records stored that are not marked", || async {
-        mock.read(&topic).await.len() as i64 > marked_before
+        let marked = published(&db, &ids).await;
+        mock.read(&topic).await.len() as i64 > marked
     })
     .await;
     relay.signal("KILL");

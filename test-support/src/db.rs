@@ -180,18 +180,27 @@ impl<R> Drop for TestDb<R> {
 /// the relay can be killed exactly between the broker's confirm and the
 /// commit of the outcome.
 pub async fn hang_marks<R>(db: &TestDb<R>) {
+    hang_marks_after(db, 0).await;
+}
+
+/// Like [`hang_marks`], once `marked` rows are marked published: marks go
+/// through until then. Installed before a relay starts, it catches the
+/// relay mid-drain however fast the drain runs; installed during one, a
+/// fast relay may have marked every row before it is in place.
+pub async fn hang_marks_after<R>(db: &TestDb<R>, marked: i64) {
     db.client
-        .batch_execute(
+        .batch_execute(&format!(
             "CREATE FUNCTION hang_mark() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
-                 IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL THEN
+                 IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL
+                    AND (SELECT count(*) FROM outbox_event WHERE published_at IS NOT NULL) >= {marked} THEN
                      PERFORM pg_sleep(600);
                  END IF;
                  RETURN NEW;
              END $$;
              CREATE TRIGGER hang_mark BEFORE UPDATE ON outbox_event
-                 FOR EACH ROW EXECUTE FUNCTION hang_mark();",
-        )
+                 FOR EACH ROW EXECUTE FUNCTION hang_mark();"
+        ))
         .await
         .unwrap();
 }

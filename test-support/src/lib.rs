@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "amqp")]
 pub use broker::{amqp_url, Received, TestBroker};
-pub use db::{hang_marks, pg_admin_url, release_marks, NoRelay, TestDb};
+pub use db::{hang_marks, hang_marks_after, pg_admin_url, release_marks, NoRelay, TestDb};
 pub use http::{http_get, http_get_at};
 #[cfg(feature = "kafka")]
 pub use kafka::{unique_topic, KafkaApi, KafkaMock, KafkaRecord};
