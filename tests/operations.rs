@@ -12,7 +12,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use common::proxy::Proxy;
 use common::rows::Rows;
 use common::system::free_addr;
-use common::{eventually, http_get_at, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get_at, metrics_show, series, RelayProcess, TestBroker, TestDb};
 use outbox_relay::maintenance::{gauges, retention};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::CatchUp;
@@ -53,13 +53,6 @@ fn counts(reading: &GaugeReading) -> (BacklogCounts, f64) {
 }
 
 // ------------------------------------------------------------------- HTTP
-
-/// `(status, body)` of `GET http://addr/path`, or `None` while nothing answers.
-/// The value of an unlabelled series in a Prometheus text exposition.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 async fn scrape(addr: SocketAddr) -> Option<String> {
     match http_get_at(addr, "/metrics", Duration::from_secs(10)).await {
@@ -158,10 +151,18 @@ async fn gauges_equal_the_table() {
     assert!((3600.0..7200.0).contains(&age), "oldest unpublished age {age}");
 
     let text = registry.render();
-    assert_eq!(metric(&text, "outbox_unpublished_events"), Some(13.0), "{text}");
-    assert_eq!(metric(&text, "outbox_quarantined_events"), Some(5.0), "{text}");
     assert_eq!(
-        metric(&text, "outbox_oldest_unpublished_age_seconds"),
+        series(&text, "outbox_unpublished_events", &[]),
+        Some(13.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "outbox_quarantined_events", &[]),
+        Some(5.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "outbox_oldest_unpublished_age_seconds", &[]),
         Some(age),
         "{text}"
     );
@@ -446,7 +447,13 @@ async fn the_refresh_time_stops_while_the_database_is_unreachable() {
     let metrics = registry.source(None);
     Rows::pending(2).insert(&db).await;
 
-    let refreshed = || metric(&registry.render(), "outbox_gauges_refreshed_timestamp_seconds");
+    let refreshed = || {
+        series(
+            &registry.render(),
+            "outbox_gauges_refreshed_timestamp_seconds",
+            &[],
+        )
+    };
     assert_eq!(refreshed(), Some(0.0), "never refreshed yet");
     gauges::refresh(&store, &metrics, ALWAYS).await.expect("refresh");
     let first = refreshed().expect("refresh time");
@@ -506,7 +513,11 @@ async fn one_replica_at_a_time_computes_the_counts() {
         assert_eq!(counts(&reading), (stored, stamp), "what B stored");
         assert_eq!(metrics.unpublished.get(), 3);
         assert_eq!(
-            metric(&registry.render(), "outbox_gauges_refreshed_timestamp_seconds"),
+            series(
+                &registry.render(),
+                "outbox_gauges_refreshed_timestamp_seconds",
+                &[]
+            ),
             Some(stamp),
             "the time the values were computed, not read"
         );
@@ -582,9 +593,9 @@ async fn metrics_of_a_running_relay_report_the_backlog() {
         let Some(text) = scrape(http).await else {
             return false;
         };
-        metric(&text, "outbox_unpublished_events") == Some(5.0)
-            && metric(&text, "outbox_quarantined_events") == Some(2.0)
-            && metric(&text, "outbox_oldest_unpublished_age_seconds").is_some_and(|age| age >= 3600.0)
+        series(&text, "outbox_unpublished_events", &[]) == Some(5.0)
+            && series(&text, "outbox_quarantined_events", &[]) == Some(2.0)
+            && series(&text, "outbox_oldest_unpublished_age_seconds", &[]).is_some_and(|age| age >= 3600.0)
     })
     .await;
     let text = scrape(http).await.expect("metrics");
@@ -599,12 +610,7 @@ async fn metrics_of_a_running_relay_report_the_backlog() {
 
     // New rows show up within a refresh interval or so.
     Rows::pending(3).insert(&db).await;
-    eventually(WAIT, "the gauge follows new rows", || async {
-        scrape(http)
-            .await
-            .is_some_and(|text| metric(&text, "outbox_unpublished_events") == Some(8.0))
-    })
-    .await;
+    metrics_show(http.port(), WAIT, &[("outbox_unpublished_events", &[], 8.0)]).await;
 
     // The sink is not usable (missing exchange): alive, but not ready, and
     // the reason says why.
@@ -720,11 +726,11 @@ async fn retention_deletes_exactly_the_rows_published_before_the_cutoff() {
         5
     );
     assert_eq!(db.count("quarantined_at IS NOT NULL").await, 4);
-    eventually(WAIT, "the deletions are counted", || async {
-        scrape(http)
-            .await
-            .is_some_and(|text| metric(&text, "outbox_retention_deleted_total") == Some(2500.0))
-    })
+    metrics_show(
+        http.port(),
+        WAIT,
+        &[("outbox_retention_deleted_total", &[], 2500.0)],
+    )
     .await;
 }
 

@@ -30,7 +30,7 @@ use common::proxy::Proxy;
 use common::rows::Rows;
 use common::sqs::{aws_env, SqsReceived, TestQueue};
 use common::system::free_port;
-use common::{eventually, http_get, RelayProcess, TestBroker, TestDb};
+use common::{eventually, http_get, metrics_show, RelayProcess, TestBroker, TestDb};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -179,42 +179,6 @@ fn source_of(entry: &Value) -> Option<&str> {
 
 // ------------------------------------------------------------------- HTTP
 
-/// The value of the series `name{labels}` (labels exactly as written, in
-/// order) in a Prometheus text exposition.
-fn series(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix)?.trim().parse().ok())
-}
-
-/// Waits until `/metrics` shows every `(series, labels, value)` of
-/// `expected`.
-async fn metrics_show(port: u16, expected: &[(&str, String, f64)]) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let text = match http_get(port, "/metrics").await {
-            Some((200, text)) => text,
-            _ => String::new(),
-        };
-        let shown: Vec<Option<f64>> = expected
-            .iter()
-            .map(|(name, labels, _)| series(&text, name, labels))
-            .collect();
-        if shown
-            .iter()
-            .zip(expected)
-            .all(|(got, (_, _, want))| *got == Some(*want))
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/metrics did not show {expected:?} within {WAIT:?}; it showed {shown:?} in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The `/readyz` line about source `name`.
 fn source_line<'a>(body: &'a str, name: &str) -> Option<&'a str> {
     let prefix = format!("source {name}: ");
@@ -345,26 +309,34 @@ async fn three_sources_to_two_destinations_deliver_every_event_once_under_its_so
     exactly_once("SQS (audit)", &got_audit, &to_audit);
 
     // The metrics name each event's source and destination.
-    let published = |source: &str, destination: &str, count: usize| {
-        (
-            "outbox_events_published_total",
-            format!("source=\"{source}\",destination=\"{destination}\""),
-            count as f64,
-        )
-    };
+    let published = "outbox_events_published_total";
+    let from_to = |source, destination| [("source", source), ("destination", destination)];
     metrics_show(
         port,
+        WAIT,
         &[
-            published("orders", "events", order_created.len()),
-            published("orders", "audit", order_paid.len()),
-            published("billing", "events", invoice_created.len()),
-            published("billing", "audit", invoice_sent.len()),
-            published("shipping", "events", parcel_sent.len()),
-            published("shipping", "audit", 0),
-            ("outbox_source_ready", "source=\"orders\"".to_owned(), 1.0),
-            ("outbox_source_ready", "source=\"billing\"".to_owned(), 1.0),
-            ("outbox_source_ready", "source=\"shipping\"".to_owned(), 1.0),
-            ("outbox_unpublished_events", "source=\"billing\"".to_owned(), 0.0),
+            (
+                published,
+                &from_to("orders", "events"),
+                order_created.len() as f64,
+            ),
+            (published, &from_to("orders", "audit"), order_paid.len() as f64),
+            (
+                published,
+                &from_to("billing", "events"),
+                invoice_created.len() as f64,
+            ),
+            (published, &from_to("billing", "audit"), invoice_sent.len() as f64),
+            (
+                published,
+                &from_to("shipping", "events"),
+                parcel_sent.len() as f64,
+            ),
+            (published, &from_to("shipping", "audit"), 0.0),
+            ("outbox_source_ready", &[("source", "orders")], 1.0),
+            ("outbox_source_ready", &[("source", "billing")], 1.0),
+            ("outbox_source_ready", &[("source", "shipping")], 1.0),
+            ("outbox_unpublished_events", &[("source", "billing")], 0.0),
         ],
     )
     .await;
@@ -556,10 +528,11 @@ async fn a_source_cut_off_read_only_or_without_its_table_holds_back_only_itself_
         .await;
         metrics_show(
             port,
+            WAIT,
             &[
-                ("outbox_source_ready", "source=\"shipping\"".to_owned(), 0.0),
-                ("outbox_source_ready", "source=\"orders\"".to_owned(), 1.0),
-                ("outbox_source_ready", "source=\"billing\"".to_owned(), 1.0),
+                ("outbox_source_ready", &[("source", "shipping")], 0.0),
+                ("outbox_source_ready", &[("source", "orders")], 1.0),
+                ("outbox_source_ready", &[("source", "billing")], 1.0),
             ],
         )
         .await;
@@ -610,7 +583,8 @@ async fn a_source_cut_off_read_only_or_without_its_table_holds_back_only_itself_
         );
         metrics_show(
             port,
-            &[("outbox_source_ready", "source=\"shipping\"".to_owned(), 1.0)],
+            WAIT,
+            &[("outbox_source_ready", &[("source", "shipping")], 1.0)],
         )
         .await;
         eventually(WAIT, "the recovery logged", || async {

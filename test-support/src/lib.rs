@@ -7,7 +7,7 @@
 //! of its own ([`config_file`]), a cuttable TCP proxy
 //! ([`proxy`]), an HTTP proxy that answers for SQS with the faults a test
 //! chooses ([`sqs_faults`]), a factory of outbox rows in a given state
-//! ([`rows`]),
+//! ([`rows`]), what the relay's `/metrics` shows ([`metrics`]),
 //! servers a test starts for itself — a RabbitMQ node ([`private_rabbit`])
 //! and a PostgreSQL cluster ([`private_postgres`]) to disturb (alarms,
 //! restarts) or set up otherwise (TLS, `pg_hba.conf`), on what [`system`]
@@ -34,6 +34,7 @@ pub mod db;
 pub mod http;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod metrics;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod private_postgres;
@@ -58,6 +59,7 @@ pub use db::{hang_marks, hang_marks_after, pg_admin_url, release_marks, NoRelay,
 pub use http::{http_get, http_get_at};
 #[cfg(feature = "kafka")]
 pub use kafka::{unique_topic, KafkaApi, KafkaMock, KafkaRecord};
+pub use metrics::{metrics_show, series};
 #[cfg(feature = "nats")]
 pub use nats::{nats_url, Stored, StreamLimits, TestStream};
 pub use relay_process::{quick_settings, run_to_end, with, RelayBinary, RelayProcess};
