@@ -12,7 +12,9 @@ use outbox_relay::event::Event;
 use outbox_relay::sink::amqp::AmqpSink;
 use uuid::Uuid;
 
-use crate::fixture::{arrivals, broker, database, prefill, prefill_for_drain, sample_event};
+use crate::fixture::{
+    arrivals, broker, database, prefill, prefill_for_drain, publishing_connection, sample_event,
+};
 use crate::meter::{Meter, Run};
 use crate::{Error, Options};
 
@@ -24,10 +26,11 @@ pub async fn bare_publisher(options: &Options) -> Result<Run, Error> {
     let broker = broker(options).await;
     let _arrivals = arrivals(&broker).await?;
     let events: Arc<Vec<Event>> = Arc::new((0..options.rows).map(sample_event).collect());
+    let publisher = publishing_connection(options).await?;
     let meter = Meter::start();
     let mut loops = Vec::new();
     for lane in 0..options.workers {
-        let channel = broker.connection().create_channel().await?;
+        let channel = publisher.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let (events, exchange, window) = (events.clone(), broker.exchange.clone(), options.batch_size);
         let workers = options.workers;
@@ -52,6 +55,7 @@ pub async fn bare_publisher(options: &Options) -> Result<Run, Error> {
         handle.await??;
     }
     let run = meter.finish(options.rows);
+    let _ = publisher.close(0, "done".into()).await;
     broker.cleanup().await;
     Ok(run)
 }
@@ -104,7 +108,8 @@ pub async fn naive_relay(options: &Options) -> Result<Run, Error> {
     let broker = broker(options).await;
     prefill(&db, options.naive_rows).await?;
     let _arrivals = arrivals(&broker).await?;
-    let channel = broker.connection().create_channel().await?;
+    let publisher = publishing_connection(options).await?;
+    let channel = publisher.create_channel().await?;
     channel.confirm_select(ConfirmSelectOptions::default()).await?;
     let mut client = db.connect().await;
     let meter = Meter::start();
@@ -127,6 +132,7 @@ pub async fn naive_relay(options: &Options) -> Result<Run, Error> {
         tx.commit().await?;
     }
     let run = meter.finish(options.naive_rows);
+    let _ = publisher.close(0, "done".into()).await;
     broker.cleanup().await;
     Ok(run)
 }
@@ -142,11 +148,12 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
     let broker = broker(options).await;
     prefill_for_drain(&db, options, options.rows).await?;
     let arrivals = arrivals(&broker).await?;
+    let publisher = publishing_connection(options).await?;
     let meter = Meter::start();
     let mut loops = Vec::new();
     for _ in 0..options.workers {
         let mut client = db.connect().await;
-        let channel = broker.connection().create_channel().await?;
+        let channel = publisher.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let exchange = broker.exchange.clone();
         let batch_size = options.batch_size as i64;
@@ -184,6 +191,7 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let run = meter.finish(options.rows);
+    let _ = publisher.close(0, "done".into()).await;
     broker.cleanup().await;
     Ok(run)
 }

@@ -37,6 +37,14 @@ pub async fn broker(options: &Options) -> TestBroker {
     TestBroker::create_at(&options.amqp_url, "#").await
 }
 
+/// A connection of its own for a baseline's publishers, as a relay in its
+/// own process has: on the broker's connection they would share a socket
+/// and lapin's I/O thread with the consumer that counts arrivals, which no
+/// relay does.
+pub async fn publishing_connection(options: &Options) -> Result<lapin::Connection, Error> {
+    Ok(lapin::Connection::connect(&options.amqp_url, lapin::ConnectionProperties::default()).await?)
+}
+
 /// The settings of every relay the benchmark starts: the broker, no
 /// retention pass during a run, and the batch size and workers under test.
 pub fn relay_settings(options: &Options, exchange: &str) -> Vec<(&'static str, String)> {
