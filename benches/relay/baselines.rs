@@ -55,7 +55,7 @@ pub async fn bare_publisher(options: &Options) -> Result<Run, Error> {
         handle.await??;
     }
     let run = meter.finish(options.rows);
-    let _ = publisher.close(0, "done".into()).await;
+    close(publisher).await;
     broker.cleanup().await;
     Ok(run)
 }
@@ -132,7 +132,7 @@ pub async fn naive_relay(options: &Options) -> Result<Run, Error> {
         tx.commit().await?;
     }
     let run = meter.finish(options.naive_rows);
-    let _ = publisher.close(0, "done".into()).await;
+    close(publisher).await;
     broker.cleanup().await;
     Ok(run)
 }
@@ -191,7 +191,14 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let run = meter.finish(options.rows);
-    let _ = publisher.close(0, "done".into()).await;
+    close(publisher).await;
     broker.cleanup().await;
     Ok(run)
+}
+
+/// Closes a baseline's publishing connection: 200 is AMQP's normal close.
+/// Bounded, so that a close-ok that never comes cannot hang the benchmark
+/// after its run was measured.
+async fn close(publisher: lapin::Connection) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), publisher.close(200, "done".into())).await;
 }
