@@ -13,7 +13,7 @@ use outbox_relay::sink::amqp::AmqpSink;
 use uuid::Uuid;
 
 use crate::fixture::{
-    arrivals, broker, database, prefill, prefill_for_drain, publishing_connection, sample_event,
+    arrivals, broker, checkpoint, database, prefill, prefill_for_drain, publishing_connection, sample_event,
 };
 use crate::meter::{Meter, Run};
 use crate::{Error, Options};
@@ -147,6 +147,7 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
     let db = database(options).await;
     let broker = broker(options).await;
     prefill_for_drain(&db, options, options.rows).await?;
+    checkpoint(&db).await?;
     let arrivals = arrivals(&broker).await?;
     let publisher = publishing_connection(options).await?;
     let meter = Meter::start();

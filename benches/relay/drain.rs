@@ -6,7 +6,8 @@ use std::time::Duration;
 use outbox_test_support::RelayProcess;
 
 use crate::fixture::{
-    arrivals, broker, database, prefill_for_drain, prefill_spread, relay_settings, unpublished, TestDb,
+    arrivals, broker, checkpoint, database, prefill_for_drain, prefill_spread, relay_settings, unpublished,
+    TestDb,
 };
 use crate::meter::{proc_usage, Meter, Run};
 use crate::{Error, Options};
@@ -88,6 +89,7 @@ pub async fn drain_with(
     }
     let arrivals = arrivals(&broker).await?;
     let before = table_stats(&db).await?;
+    checkpoint(&db).await?;
     let meter = Meter::start();
     let mut settings = relay_settings(options, &broker.exchange);
     if setup.retained > 0 {
