@@ -143,8 +143,8 @@ struct Options {
     #[arg(long)]
     only_drain: bool,
     /// Also the row-lock loop and the relay (1 replica) in `--repeat`
-    /// pairs, each pair back to back, with the ratio of each pair and the
-    /// medians.
+    /// pairs, each pair back to back (odd pairs the loop first, even pairs
+    /// the relay), with the ratio of each pair and the medians.
     #[arg(long)]
     versus: bool,
     /// Only the pairs of `--versus`.
