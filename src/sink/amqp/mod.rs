@@ -291,10 +291,15 @@ impl AmqpSink {
             }
         }
         // Answers that came before the deadline stand; the rest are left
-        // unanswered, so a confirmed row is not sent again.
-        while let Ok(Some((position, answer))) = tokio::time::timeout_at(deadline, waiting.next()).await {
-            answers[position] = Some(answer);
-        }
+        // unanswered, so a confirmed row is not sent again. One timer for
+        // the whole group: a timeout around each answer would register and
+        // cancel a timer per message.
+        let collect = async {
+            while let Some((position, answer)) = waiting.next().await {
+                answers[position] = Some(answer);
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, collect).await;
         drop(waiting);
         let settled = self.settle(events, group, answers);
         if settled
