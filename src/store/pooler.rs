@@ -148,3 +148,38 @@ impl<'c, 't> Session<'c, 't> {
 fn split<'a>(params: &[Param<'a>]) -> (Vec<Type>, Vec<&'a (dyn ToSql + Sync)>) {
     params.iter().map(|(value, ty)| (ty.clone(), *value)).unzip()
 }
+
+/// Runs `sql` on a direct connection in a transaction of its own that
+/// `begin` opens (with its `SET LOCAL` settings) and `COMMIT` closes, the
+/// three sent together: one round trip, as for the statement alone. A
+/// statement that fails leaves the transaction aborted, so the `COMMIT`
+/// behind it rolls back.
+///
+/// A plan that took longer than `slow` is taken for one made on a table
+/// that has grown since (see sql/claim_generic_begin.sql): the statement
+/// is dropped from the connection's cache, so the next run prepares it
+/// again and its plan is made on the table as it is then.
+pub(super) async fn query_in_own_transaction(
+    client: &deadpool_postgres::Object,
+    begin: &str,
+    sql: &str,
+    params: &[Param<'_>],
+    slow: std::time::Duration,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let (types, values) = split(params);
+    // Prepared before anything is sent: a statement still to be prepared
+    // would be parsed after the COMMIT had gone out, outside the
+    // transaction.
+    let statement = client.prepare_typed_cached(sql, &types).await?;
+    let started = std::time::Instant::now();
+    let (_, rows, _) = tokio::try_join!(
+        client.batch_execute(begin),
+        client.query(&statement, &values),
+        client.batch_execute("COMMIT"),
+    )?;
+    if started.elapsed() > slow {
+        tracing::debug!(took = ?started.elapsed(), "a claim was slow; its plan is made again on the next claim");
+        client.statement_cache.remove(sql, &types);
+    }
+    Ok(rows)
+}

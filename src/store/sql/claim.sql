@@ -38,8 +38,10 @@
 -- in flight. Rows older than that point which become due again (given back
 -- after an outage, left by a dead relay, released) are found by the next
 -- claim from the start, which the relay makes at least once a second (see
--- relay/claim_start.rs). NULL reads from the start. The planner folds the
--- test away, as every claim is planned for its parameters.
+-- relay/claim_start.rs). NULL reads from the start: the lowest key there
+-- is, rather than an `IS NULL` test, so that the start stays an index
+-- condition in a generic plan (claim_generic_begin.sql), which cannot
+-- fold such a test away.
 --
 -- Tried rows go first: they are nearly always the older events, and the
 -- oldest unpublished age is what the main alert watches. SKIP LOCKED
@@ -86,7 +88,8 @@ untried AS (
       AND last_error IS NULL
       AND next_attempt_at <= now()
       AND (leased_until IS NULL OR leased_until <= now()){not_finished}{route_filter}
-      AND ($5::timestamptz IS NULL OR (created_at, id) >= ($5::timestamptz, $6::uuid))
+      AND (created_at, id) >= (COALESCE($5::timestamptz, '-infinity'),
+                               COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
     ORDER BY created_at, id
     LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE SKIP LOCKED

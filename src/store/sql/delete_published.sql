@@ -1,7 +1,6 @@
 -- OUTBOX_ON_PUBLISH=delete: confirmed rows go at once, one statement per
 -- batch, each only while its claim's attempt still stands (see
--- mark_published.sql).
+-- mark_published.sql, whose shape this follows for the same reason).
 DELETE FROM {table} AS t
-USING unnest($1::uuid[], $2::int[]) AS c(id, attempt)
-WHERE t.id = c.id
-  AND t.attempt_count = c.attempt
+WHERE t.id = ANY (ARRAY(SELECT unnest($1::uuid[])))
+  AND t.attempt_count = ($2::int[])[array_position($1::uuid[], t.id)]

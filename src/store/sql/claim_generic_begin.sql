@@ -1,0 +1,23 @@
+-- Sent ahead of an unordered claim on a direct connection, in the same
+-- round trip as the claim and its COMMIT: the claim runs on the plan made
+-- for it once per connection instead of being planned for its parameters
+-- (0.35 ms a batch, most of what the relay's statement cost PostgreSQL
+-- beyond the row-lock loop's; docs/performance.md, "Generic plans for the
+-- claim"). LOCAL, so every other statement keeps the session's custom
+-- plans.
+--
+-- A generic plan is costed once, for the table as it is then, often
+-- empty. The claim statements are written so that each of their scans has
+-- one sensible path (tests/claim_paths.rs plans them on an empty table and
+-- reads the plans kept on a full one), and these settings take away the
+-- rest: no sequential scans or hash and merge joins, which an empty table
+-- makes look cheapest. jit is off because a plan that still needs a disabled
+-- node carries the planner's disable cost into its estimate, which then
+-- passes jit_above_cost: compiling cost half a second on every claim.
+-- enable_bitmapscan is already off for the session (relay_settings.sql).
+BEGIN;
+SET LOCAL plan_cache_mode = force_generic_plan;
+SET LOCAL jit = off;
+SET LOCAL enable_seqscan = off;
+SET LOCAL enable_hashjoin = off;
+SET LOCAL enable_mergejoin = off
