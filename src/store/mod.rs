@@ -140,10 +140,12 @@ struct ClaimStatements {
 /// Only a leased row can be among the recorded ones: each carries the
 /// lease of the claim that took it, which only that claim's own outcome
 /// clears (every outcome matches the attempt), and the recording matches
-/// that same attempt. So the comparison with every recorded id runs only
+/// that same attempt; `quarantine release` and `replay` clear a lease
+/// only with the attempt count reset, which no recording matches. So the comparison with every recorded id runs only
 /// for rows whose lease ran out, not for each fresh row a claim reads
 /// (100 comparisons a row, under a generic plan a linear search: 2–3% of
-/// the claim's PostgreSQL CPU).
+/// the claim's PostgreSQL CPU in a profile, too little to show in the
+/// benchmark's pairs; docs/performance.md).
 const NOT_FINISHED: &str =
     "\n      AND (leased_until IS NULL OR id <> ALL (ARRAY(SELECT unnest($7::uuid[]))))";
 
