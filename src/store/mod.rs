@@ -137,15 +137,16 @@ struct ClaimStatements {
 /// planning a claim on a partitioned table of five partitions (2.6 ms
 /// this way) and 0.2 ms on a plain one.
 ///
-/// Only a leased row can be among the recorded ones: each carries the
+/// Only a leased row can be among the recorded ones. Each carries the
 /// lease of the claim that took it, which only that claim's own outcome
 /// clears (every outcome matches the attempt), and the recording matches
-/// that same attempt; `quarantine release` and `replay` clear a lease
-/// only with the attempt count reset, which no recording matches. So the comparison with every recorded id runs only
-/// for rows whose lease ran out, not for each fresh row a claim reads
-/// (100 comparisons a row, under a generic plan a linear search: 2–3% of
-/// the claim's PostgreSQL CPU in a profile, too little to show in the
-/// benchmark's pairs; docs/performance.md).
+/// that same attempt. `quarantine release` and `replay` clear a lease
+/// only with the attempt count reset, which no recording matches. So the
+/// comparison with every recorded id runs only for rows whose lease ran
+/// out, not for each fresh row a claim reads (100 comparisons a row,
+/// under a generic plan a linear search: 2–3% of the claim's PostgreSQL
+/// CPU in a profile, too little to show in the benchmark's pairs; see
+/// docs/performance.md).
 const NOT_FINISHED: &str =
     "\n      AND (leased_until IS NULL OR id <> ALL (ARRAY(SELECT unnest($7::uuid[]))))";
 
