@@ -15,7 +15,7 @@ use uuid::Uuid;
 use crate::fixture::{
     arrivals, broker, checkpoint, database, prefill, prefill_for_drain, publishing_connection, sample_event,
 };
-use crate::meter::{Meter, Run};
+use crate::meter::{proc_usage, Meter, Run};
 use crate::{Error, Options};
 
 /// A bare publisher: the relay's messages (same properties, same size),
@@ -137,26 +137,92 @@ pub async fn naive_relay(options: &Options) -> Result<Run, Error> {
     Ok(run)
 }
 
+/// A run of the row-lock loop, and the CPU its process used.
+pub struct RowLock {
+    pub run: Run,
+    pub client_cpu_seconds: f64,
+}
+
 /// The row-lock alternative to the committed lease, at its best: per batch
 /// one transaction holding the rows' locks across the publish, the batch's
 /// publishes started together and their confirms awaited together, one
 /// UPDATE for the batch; `--workers` loops at once, a channel each, like
 /// the relay. One row version per publish instead of the lease's two, but
 /// a transaction stays open for every broker round trip.
-pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
+///
+/// The loops run in a process of their own, this benchmark started again
+/// with `--row-lock-database`, as the relay runs in its own: their CPU is
+/// then read the way the relay's is, and neither shares a runtime or a
+/// core's caches with the consumer that counts arrivals here. Like the
+/// relay, the process connects inside the measured time.
+pub async fn lock_relay(options: &Options) -> Result<RowLock, Error> {
     let db = database(options).await;
     let broker = broker(options).await;
     prefill_for_drain(&db, options, options.rows).await?;
     checkpoint(&db).await?;
     let arrivals = arrivals(&broker).await?;
-    let publisher = publishing_connection(options).await?;
     let meter = Meter::start();
+    let mut loops = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--row-lock-database",
+            &db.url,
+            "--row-lock-exchange",
+            &broker.exchange,
+        ])
+        .args(["--amqp-url", &options.amqp_url])
+        .args(["--batch-size", &options.batch_size.to_string()])
+        .args(["--workers", &options.workers.to_string()])
+        .args(
+            options
+                .row_lock_synchronous_commit
+                .iter()
+                .flat_map(|level| ["--row-lock-synchronous-commit", level]),
+        )
+        .spawn()?;
+    // Until it is reaped, an exited process's /proc entry still holds its
+    // CPU times, so the last reading before the reap is the whole run's.
+    let client_cpu_seconds = loop {
+        let used = proc_usage(loops.id()).1;
+        if let Some(status) = loops.try_wait()? {
+            if !status.success() {
+                return Err(format!("the row-lock loops failed: {status}").into());
+            }
+            break used;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    while arrivals.lock().unwrap().len() < options.rows {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let run = meter.finish(options.rows);
+    broker.cleanup().await;
+    Ok(RowLock {
+        run,
+        client_cpu_seconds,
+    })
+}
+
+/// The row-lock loop process: `--workers` loops on `database` until no row
+/// is left, each with its connection and channel.
+pub async fn row_lock_loops(options: &Options, database: &str, exchange: &str) -> Result<(), Error> {
+    let publisher = publishing_connection(options).await?;
+    let database = match &options.row_lock_synchronous_commit {
+        Some(level) => {
+            let separator = if database.contains('?') { '&' } else { '?' };
+            format!("{database}{separator}options=-c%20synchronous_commit%3D{level}")
+        }
+        None => database.to_owned(),
+    };
     let mut loops = Vec::new();
     for _ in 0..options.workers {
-        let mut client = db.connect().await;
+        let mut client = outbox_test_support::db::connect(&database).await;
+        if let Some(level) = &options.row_lock_synchronous_commit {
+            let set: String = client.query_one("SHOW synchronous_commit", &[]).await?.get(0);
+            assert_eq!(&set, level, "the loop's synchronous_commit");
+        }
         let channel = publisher.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
-        let exchange = broker.exchange.clone();
+        let exchange = exchange.to_owned();
         let batch_size = options.batch_size as i64;
         // Prepared once per loop, as a hand-written loop would: each batch
         // is then two round trips of statements PostgreSQL has planned.
@@ -188,13 +254,8 @@ pub async fn lock_relay(options: &Options) -> Result<Run, Error> {
     for handle in loops {
         handle.await??;
     }
-    while arrivals.lock().unwrap().len() < options.rows {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let run = meter.finish(options.rows);
     close(publisher).await;
-    broker.cleanup().await;
-    Ok(run)
+    Ok(())
 }
 
 /// Closes a baseline's publishing connection: 200 is AMQP's normal close.

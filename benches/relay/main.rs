@@ -233,6 +233,19 @@ struct Options {
     /// Accepted for `cargo bench` compatibility.
     #[arg(long, hide = true)]
     bench: bool,
+    /// `synchronous_commit` for the row-lock loop's sessions; the server's
+    /// (`on`) by default. `off` gives the loop what the relay's default
+    /// OUTBOX_SYNCHRONOUS_COMMIT gives the relay.
+    #[arg(long)]
+    row_lock_synchronous_commit: Option<String>,
+    /// Internal: run only the row-lock loop against this database URL, in
+    /// a process of its own (the benchmark starts itself so), publishing
+    /// to `--row-lock-exchange` with `--batch-size` and `--workers`.
+    #[arg(long, hide = true, requires = "row_lock_exchange")]
+    row_lock_database: Option<String>,
+    /// Internal: the row-lock loop's exchange.
+    #[arg(long, hide = true)]
+    row_lock_exchange: Option<String>,
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -296,6 +309,9 @@ where
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let options = Options::parse();
+    if let (Some(database), Some(exchange)) = (&options.row_lock_database, &options.row_lock_exchange) {
+        return baselines::row_lock_loops(&options, database, exchange).await;
+    }
     eprintln!(
         "outbox-relay benchmark: {} rows; relay {}",
         options.rows,
@@ -349,9 +365,10 @@ async fn main() -> Result<(), Error> {
     let locked = median_of(
         options.repeat,
         || baselines::lock_relay(&options),
-        |r| r.events_per_second,
+        |r| r.run.events_per_second,
     )
-    .await?;
+    .await?
+    .run;
     eprintln!("row-lock design: {:.0} events/s", locked.events_per_second);
     let mut drains = Vec::new();
     for &replicas in &options.replicas {

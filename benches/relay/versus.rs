@@ -6,7 +6,6 @@
 
 use crate::baselines::lock_relay;
 use crate::drain::drain;
-use crate::meter::proc_usage;
 use crate::report::postgres_us_per_event;
 use crate::{Error, Options};
 
@@ -16,16 +15,9 @@ struct Pair {
     relay_rate: f64,
     lock_postgres_us: f64,
     relay_postgres_us: f64,
-    /// CPU of the loop's own code per event: the benchmark process's CPU
-    /// during the loop's run less its CPU during the relay's run (the
-    /// consumer that counts arrivals runs in both).
+    /// CPU per event of the loop's process and of the relay's, read alike.
     loop_us: f64,
     relay_us: f64,
-}
-
-/// CPU seconds of this benchmark process so far.
-fn own_cpu_seconds() -> f64 {
-    proc_usage(std::process::id()).1
 }
 
 pub async fn run(options: &Options) -> Result<(), Error> {
@@ -36,35 +28,40 @@ pub async fn run(options: &Options) -> Result<(), Error> {
         // alternates, so that a drift over the pair favours neither side.
         let relay_first = pair % 2 == 0;
         let relayed_before = if relay_first {
-            let before = own_cpu_seconds();
-            Some((drain(options, 1).await?, own_cpu_seconds() - before))
+            Some(drain(options, 1).await?)
         } else {
             None
         };
-        let before = own_cpu_seconds();
         let locked = lock_relay(options).await?;
-        let lock_client = own_cpu_seconds() - before;
-        let (relayed, consumer) = match relayed_before {
+        let relayed = match relayed_before {
             Some(relayed) => relayed,
-            None => {
-                let before = own_cpu_seconds();
-                (drain(options, 1).await?, own_cpu_seconds() - before)
-            }
+            None => drain(options, 1).await?,
         };
         let events = options.rows as f64;
         let result = Pair {
-            lock_rate: locked.events_per_second,
+            lock_rate: locked.run.events_per_second,
             relay_rate: relayed.run.events_per_second,
-            lock_postgres_us: postgres_us_per_event(&locked),
+            lock_postgres_us: postgres_us_per_event(&locked.run),
             relay_postgres_us: postgres_us_per_event(&relayed.run),
-            loop_us: (lock_client - consumer).max(0.0) / events * 1e6,
+            loop_us: locked.client_cpu_seconds / events * 1e6,
             relay_us: relayed.relay_percent / 100.0 * relayed.run.seconds / events * 1e6,
         };
+        // Whether the run was bound by the machine's CPU, and what the
+        // broker spent: the same messages should cost it the same.
+        let busy = |run: &crate::meter::Run| {
+            format!(
+                "machine {:.0}% busy, RabbitMQ {:.0} µs/event",
+                run.machine_busy_percent,
+                run.rabbitmq_percent / 100.0 / run.events_per_second * 1e6
+            )
+        };
         eprintln!(
-            "pair {pair} ({} first): row lock {:.0} events/s, relay {:.0} events/s ({:.2}×)",
+            "pair {pair} ({} first): row lock {:.0} events/s ({}), relay {:.0} events/s ({}) ({:.2}×)",
             if relay_first { "relay" } else { "row lock" },
             result.lock_rate,
+            busy(&locked.run),
             result.relay_rate,
+            busy(&relayed.run),
             result.relay_rate / result.lock_rate
         );
         results.push(result);
@@ -107,9 +104,8 @@ pub async fn run(options: &Options) -> Result<(), Error> {
         println!("\nThe relay ran with {}.", variables.join(" "));
     }
     println!(
-        "\nOdd pairs run the row lock first, even pairs the relay. Each median is taken on its own column. Client CPU: the relay process's, against the loop's own code \
-         (the benchmark process's CPU during the loop's run less its CPU during the relay's, when only its \
-         consumer runs)."
+        "\nOdd pairs run the row lock first, even pairs the relay. Each median is taken on its own column. Client CPU: the relay's process and the loop's, each read from /proc \
+         the same way (the consumer that counts arrivals runs in the benchmark's own process)."
     );
     Ok(())
 }
