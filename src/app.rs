@@ -171,7 +171,11 @@ fn spawn_source(
     span: Span,
 ) -> SourceState {
     let source_metrics = metrics.source(name.as_deref());
-    let mut store = Store::new(&source.database, pool_size(source.relay.workers));
+    let mut store = Store::for_relay(
+        &source.database,
+        pool_size(source.relay.workers),
+        source.relay.synchronous_commit,
+    );
     // One destination takes every row: its claims need no route filter.
     if destinations.len() > 1 {
         store = store.with_routes(source.router.routes().len());

@@ -58,6 +58,7 @@ pub mod var {
     pub const BACKOFF_BASE: &str = "OUTBOX_BACKOFF_BASE";
     pub const BACKOFF_MAX: &str = "OUTBOX_BACKOFF_MAX";
     pub const ON_PUBLISH: &str = "OUTBOX_ON_PUBLISH";
+    pub const SYNCHRONOUS_COMMIT: &str = "OUTBOX_SYNCHRONOUS_COMMIT";
     pub const RETENTION: &str = "OUTBOX_RETENTION";
     pub const ORDERING: &str = "OUTBOX_ORDERING";
     pub const HTTP_ADDR: &str = "OUTBOX_HTTP_ADDR";

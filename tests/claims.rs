@@ -446,3 +446,56 @@ async fn a_claim_held_up_by_a_row_lock_gives_way_and_changes_nothing() {
     assert_eq!(next.events.len(), 2);
     assert_eq!(db.count("published_at IS NOT NULL").await, 2);
 }
+
+/// The relay's store commits its own transactions at the level it was
+/// given (OUTBOX_SYNCHRONOUS_COMMIT, `off` by default); a store for an
+/// operator's command keeps the server's, so that a `replay` is durable
+/// once it returns. The claim and its records still take effect.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relays_transactions_commit_at_its_level_and_an_operators_at_the_servers() {
+    let db = TestDb::migrated().await;
+    let database = DatabaseSettings {
+        database_url: db.url.clone(),
+        table: "outbox_event".into(),
+        database_pooler: "none".to_owned(),
+    }
+    .validate()
+    .expect("valid settings");
+    // The database's own level, whatever the server's is: new sessions
+    // start from it.
+    db.client
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET synchronous_commit = local",
+            db.name
+        ))
+        .await
+        .expect("set the database's level");
+
+    let show = |store: Store| async move {
+        let client = store.client().await.expect("a pooled connection");
+        let level: String = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .expect("SHOW")
+            .get(0);
+        level
+    };
+    assert_eq!(show(Store::for_relay(&database, 1, "off")).await, "off");
+    assert_eq!(
+        show(Store::for_relay(&database, 1, "remote_apply")).await,
+        "remote_apply"
+    );
+    assert_eq!(show(Store::new(&database, 1)).await, "local");
+
+    Rows::pending(3).insert(&db).await;
+    let relay = Store::for_relay(&database, 1, "off");
+    let claimed = relay.claim(GENEROUS, LEASE, Ordering::None).await.expect("claim");
+    assert_eq!(claimed.events.len(), 3);
+    let (ids, attempts) = pairs(&claimed);
+    let next = relay
+        .record_and_claim(OnPublish::Mark, &ids, &attempts, GENEROUS, LEASE)
+        .await
+        .expect("record and claim");
+    assert!(next.events.is_empty());
+    assert_eq!(db.count("published_at IS NOT NULL").await, 3);
+}

@@ -33,9 +33,14 @@ fn start_relay(
 /// What a client of the pool reads for the relay's settings,
 /// each `SHOW` in a transaction of its own, so on whichever server
 /// connection PgBouncer hands out.
-async fn planner_settings_seen(client: &tokio_postgres::Client) -> Vec<(String, String)> {
+async fn relay_settings_seen(client: &tokio_postgres::Client) -> Vec<(String, String)> {
     let mut seen = Vec::new();
-    for setting in ["plan_cache_mode", "enable_bitmapscan", "statement_timeout"] {
+    for setting in [
+        "plan_cache_mode",
+        "enable_bitmapscan",
+        "statement_timeout",
+        "synchronous_commit",
+    ] {
         let rows = client
             .simple_query(&format!("SHOW {setting}"))
             .await
@@ -94,7 +99,7 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
     let watching = tokio::spawn(async move {
         let mut seen = HashSet::new();
         for _ in 0..200 {
-            seen.extend(planner_settings_seen(&observer).await);
+            seen.extend(relay_settings_seen(&observer).await);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         (observer, seen)
@@ -130,12 +135,13 @@ async fn two_relays_deliver_through_a_transaction_pooler_and_leave_no_settings_b
     let (observer, mut seen) = watching.await.expect("observer");
     // And afterwards, from several transactions.
     for _ in 0..20 {
-        seen.extend(planner_settings_seen(&observer).await);
+        seen.extend(relay_settings_seen(&observer).await);
     }
     let defaults: HashSet<(String, String)> = [
         ("plan_cache_mode".to_owned(), "auto".to_owned()),
         ("enable_bitmapscan".to_owned(), "on".to_owned()),
         ("statement_timeout".to_owned(), "0".to_owned()),
+        ("synchronous_commit".to_owned(), "on".to_owned()),
     ]
     .into();
     assert_eq!(

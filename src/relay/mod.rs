@@ -72,6 +72,9 @@ pub struct RelayConfig {
     pub workers: u32,
     /// What one claim may load of payloads, in bytes (at least one row).
     pub max_batch_bytes: usize,
+    /// `synchronous_commit` for the relay's own transactions (see
+    /// `Store::for_relay`).
+    pub synchronous_commit: &'static str,
 }
 
 impl RelayConfig {

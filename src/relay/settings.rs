@@ -7,6 +7,9 @@ use super::{OnPublish, RelayConfig};
 use crate::settings::{parse_choice, parse_nonzero_duration, parse_positive, var, ConfigError};
 use crate::store::Ordering;
 
+/// PostgreSQL's values of `synchronous_commit`, weakest first.
+const SYNCHRONOUS_COMMIT_LEVELS: [&str; 5] = ["off", "local", "remote_write", "on", "remote_apply"];
+
 /// Settings of the relay loop.
 #[derive(Debug, Clone, Args)]
 pub struct RelaySettings {
@@ -52,6 +55,12 @@ pub struct RelaySettings {
     /// (it always takes at least one row): what one batch holds in memory.
     #[arg(long, env = var::MAX_BATCH_BYTES, default_value = "16777216")]
     pub max_batch_bytes: String,
+
+    /// PostgreSQL's `synchronous_commit` for the relay's own transactions
+    /// (leases, marks, reschedules, retention): `off` does not wait for
+    /// their WAL flush, as a lost one only publishes rows again.
+    #[arg(long, env = var::SYNCHRONOUS_COMMIT, default_value = "off")]
+    pub synchronous_commit: String,
 }
 
 impl RelaySettings {
@@ -81,6 +90,11 @@ impl RelaySettings {
         )?;
         let workers = parse_positive(var::WORKERS, &self.workers, 64)?;
         let max_batch_bytes = parse_positive(var::MAX_BATCH_BYTES, &self.max_batch_bytes, u32::MAX)?;
+        let synchronous_commit = parse_choice(
+            var::SYNCHRONOUS_COMMIT,
+            &self.synchronous_commit,
+            &SYNCHRONOUS_COMMIT_LEVELS.map(|level| (level, level)),
+        )?;
         Ok(RelayConfig {
             batch_size,
             poll_interval,
@@ -92,6 +106,7 @@ impl RelaySettings {
             ordering,
             workers,
             max_batch_bytes: max_batch_bytes as usize,
+            synchronous_commit,
         })
     }
 }
@@ -115,6 +130,7 @@ mod tests {
             ordering: "none".into(),
             workers: "4".into(),
             max_batch_bytes: "16777216".into(),
+            synchronous_commit: "off".into(),
         }
     }
 
@@ -122,6 +138,20 @@ mod tests {
     fn defaults_are_valid() {
         let relay = relay_settings().validate().unwrap();
         assert_eq!(relay.batch_size, 100);
+        assert_eq!(relay.synchronous_commit, "off");
+    }
+
+    #[test]
+    fn every_level_of_synchronous_commit_is_postgresqls_own() {
+        for level in ["off", "local", "remote_write", "on", "remote_apply"] {
+            let relay = RelaySettings {
+                synchronous_commit: level.into(),
+                ..relay_settings()
+            }
+            .validate()
+            .unwrap();
+            assert_eq!(relay.synchronous_commit, level);
+        }
     }
 
     #[test]
@@ -193,6 +223,13 @@ mod tests {
                     ..relay_settings()
                 },
                 "OUTBOX_ORDERING",
+            ),
+            (
+                RelaySettings {
+                    synchronous_commit: "sometimes".into(),
+                    ..relay_settings()
+                },
+                "OUTBOX_SYNCHRONOUS_COMMIT",
             ),
         ];
         for (settings, variable) in cases {

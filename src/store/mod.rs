@@ -389,12 +389,34 @@ pub struct Store {
     has_sequence_column: ColumnPresence,
     /// Whether the table has the producer's `headers` column.
     has_headers_column: ColumnPresence,
+    /// `synchronous_commit` for this store's transactions; `None` keeps
+    /// the server's.
+    synchronous_commit: Option<&'static str>,
 }
 
 impl Store {
     /// Builds the pool; it connects lazily, so this never fails on an
-    /// unreachable database.
+    /// unreachable database. Its transactions commit as the server says:
+    /// an operator's command (`replay`, `quarantine release`) is durable
+    /// once it returns.
     pub fn new(config: &DatabaseConfig, pool_size: usize) -> Self {
+        Self::build(config, pool_size, None)
+    }
+
+    /// The relay loop's store: its transactions commit at
+    /// `synchronous_commit` (OUTBOX_SYNCHRONOUS_COMMIT, `off` by default).
+    /// Everything the relay itself writes may be lost with a crash of
+    /// PostgreSQL without losing an event: a lost lease or mark, a lost
+    /// reschedule or quarantine, a lost retention delete each leave a row
+    /// as it was before, to be published (or deleted) again. And every
+    /// commit that waits for the WAL flush, a producer's included, flushes
+    /// all the WAL before it: no producer's row is ever acknowledged while
+    /// a partition it went into could still be lost.
+    pub fn for_relay(config: &DatabaseConfig, pool_size: usize, synchronous_commit: &'static str) -> Self {
+        Self::build(config, pool_size, Some(synchronous_commit))
+    }
+
+    fn build(config: &DatabaseConfig, pool_size: usize, synchronous_commit: Option<&'static str>) -> Self {
         let mut pg = config.pg.clone();
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(Duration::from_secs(5));
@@ -432,6 +454,9 @@ impl Store {
         //   (Both found under load in the benchmark.)
         // - statement_timeout: see SERVER_STATEMENT_TIMEOUT.
         // - lock_timeout: see LOCK_WAIT_TIMEOUT.
+        // - synchronous_commit: see `for_relay`; the server's when None.
+        //   A batch's commit then does not wait for the WAL to reach the
+        //   disk (or a synchronous standby) before its rows are published.
         //
         // set_config, not startup options, so poolers that refuse startup
         // options still connect. Behind a transaction pooler they are set
@@ -450,7 +475,7 @@ impl Store {
             }
         }));
         let builder = match config.pooler {
-            Pooler::None => builder.post_create(Hook::async_fn(|client, _| {
+            Pooler::None => builder.post_create(Hook::async_fn(move |client, _| {
                 Box::pin(async move {
                     client
                         .query_typed(
@@ -459,6 +484,7 @@ impl Store {
                                 (&false, Type::BOOL),
                                 (&SERVER_STATEMENT_TIMEOUT, Type::TEXT),
                                 (&LOCK_WAIT_TIMEOUT, Type::TEXT),
+                                (&synchronous_commit, Type::TEXT),
                             ],
                         )
                         .await
@@ -481,6 +507,7 @@ impl Store {
             sql: Statements::for_table(&config.table, 0),
             has_sequence_column: ColumnPresence::default(),
             has_headers_column: ColumnPresence::default(),
+            synchronous_commit,
         }
     }
 
@@ -742,6 +769,7 @@ impl Store {
                                 (&true, Type::BOOL),
                                 (&SERVER_STATEMENT_TIMEOUT, Type::TEXT),
                                 (&LOCK_WAIT_TIMEOUT, Type::TEXT),
+                                (&self.synchronous_commit, Type::TEXT),
                             ],
                         )
                         .await?;
