@@ -151,10 +151,43 @@ fn check_headers(event: &Event, format: &MessageFormat) -> Result<(), String> {
 
 /// The size of the content header frame carrying `event`'s properties, as
 /// AMQP 0-9-1 encodes it: frame header and end (8), class, weight, body
-/// size and property flags (14), then each property.
+/// size and property flags (14), then each property. Counted from the
+/// event itself in the plain format, so that a message's properties are
+/// built once, for its publish; `properties_frame_bytes` of its
+/// [`properties`] is the same number (a test holds them together).
 fn header_frame_bytes(event: &Event, format: &MessageFormat) -> usize {
-    let properties = properties(event, format);
-    let short = |value: &Option<ShortString>| value.as_ref().map_or(0, |s| 1 + s.as_str().len());
+    if format.cloudevents_source().is_some() {
+        return properties_frame_bytes(&properties(event, format));
+    }
+    const HYPHENATED_UUID: usize = 36;
+    // The headers in the order `properties` puts them: a later one of the
+    // same name replaces an earlier one in the table.
+    let own = [
+        Some(("aggregate_id", event.aggregate_id.len())),
+        event.causation_id.map(|_| ("causation_id", HYPHENATED_UUID)),
+    ];
+    let headers = || {
+        own.iter()
+            .flatten()
+            .copied()
+            .chain(event.headers.iter().map(|(name, value)| (name, value.len())))
+    };
+    let table = 4 + headers()
+        .enumerate()
+        .filter(|(position, (name, _))| !headers().skip(position + 1).any(|(later, _)| later == *name))
+        .map(|(_, (name, value))| table_entry_bytes(name, 4 + value))
+        .sum::<usize>();
+    fixed_frame_bytes(
+        HYPHENATED_UUID,
+        event.event_type.len(),
+        cloudevents::DATA_CONTENT_TYPE.len(),
+        table,
+    )
+}
+
+/// [`header_frame_bytes`] of built properties.
+fn properties_frame_bytes(properties: &BasicProperties) -> usize {
+    let short = |value: &Option<ShortString>| value.as_ref().map_or(0, |s| s.as_str().len());
     let table = properties.headers().as_ref().map_or(0, |headers| {
         4 + headers
             .inner()
@@ -166,14 +199,31 @@ fn header_frame_bytes(event: &Event, format: &MessageFormat) -> usize {
                     // counted generously.
                     _ => 16,
                 };
-                1 + name.as_str().len() + 1 + value_bytes
+                table_entry_bytes(name.as_str(), value_bytes)
             })
             .sum::<usize>()
     });
+    fixed_frame_bytes(
+        short(properties.message_id()),
+        short(properties.kind()),
+        short(properties.content_type()),
+        table,
+    )
+}
+
+/// A field table entry: the name as a short string, a type octet, the value.
+fn table_entry_bytes(name: &str, value_bytes: usize) -> usize {
+    1 + name.len() + 1 + value_bytes
+}
+
+/// The frame around the properties `properties` sets: three short strings
+/// (each a length octet and its bytes), the delivery mode, the timestamp
+/// and the header table.
+fn fixed_frame_bytes(message_id: usize, kind: usize, content_type: usize, table: usize) -> usize {
     8 + 14
-        + short(properties.message_id())
-        + short(properties.kind())
-        + short(properties.content_type())
+        + (1 + message_id)
+        + (1 + kind)
+        + (1 + content_type)
         + 1 // delivery mode
         + 8 // timestamp
         + table
@@ -333,5 +383,33 @@ mod tests {
         let size = header_frame_bytes(&e, &MessageFormat::Plain);
         assert!(precheck(&e, &config(), &MessageFormat::Plain, size).is_ok());
         assert!(precheck(&e, &config(), &MessageFormat::Plain, size - 1).is_err());
+    }
+
+    #[test]
+    fn the_frame_counted_from_the_event_is_the_frame_of_its_properties() {
+        let mut cases = vec![
+            event(&[]),
+            event(&[("traceparent", "00-abc"), ("tenant-id", "acme")]),
+            // A producer's header of the relay's own names replaces it.
+            event(&[("aggregate_id", "theirs, longer than ours"), ("x", "")]),
+            event(&[("causation_id", "c")]),
+            event(&[("big", &"v".repeat(5000))]),
+        ];
+        let mut caused = event(&[("a", "1")]);
+        caused.causation_id = Some(Uuid::new_v4());
+        cases.push(caused);
+        let mut overridden = event(&[("causation_id", "short")]);
+        overridden.causation_id = Some(Uuid::new_v4());
+        cases.push(overridden);
+        for e in &cases {
+            for format in [MessageFormat::Plain, cloudevents()] {
+                assert_eq!(
+                    header_frame_bytes(e, &format),
+                    properties_frame_bytes(&properties(e, &format)),
+                    "{:?} in {format:?}",
+                    e.headers
+                );
+            }
+        }
     }
 }
