@@ -1,9 +1,9 @@
 //! Real faults, not simulated ones: a broker memory alarm, a broker that
 //! refuses a message too large for it, a relay frozen past its lease, a
-//! database restart, rows the relay cannot read as they are, and payloads
-//! large enough to test the relay's memory. An outage is not the row's
-//! fault (no attempt is charged for it, nothing is quarantined), and no
-//! row can stop the relay.
+//! database restart and a database crash, rows the relay cannot read as
+//! they are, and payloads large enough to test the relay's memory. An
+//! outage is not the row's fault (no attempt is charged for it, nothing is
+//! quarantined), and no row can stop the relay.
 //!
 //! Tests that disturb a server start a private one (see
 //! `common::private_rabbit` and `common::private_postgres`); the others use
@@ -416,6 +416,51 @@ async fn a_database_restart_mid_drain_is_survived_without_restarting_the_relay()
     assert!(
         relay.child.try_wait().expect("relay status").is_none(),
         "the relay exited instead of waiting the restart out"
+    );
+    assert_eq!(relay.child.id(), pid);
+    broker.cleanup().await;
+}
+
+/// A crash of PostgreSQL itself (an immediate stop: no checkpoint, the WAL
+/// replayed at start) mid-drain. The relay's commits do not wait for the
+/// WAL flush (OUTBOX_SYNCHRONOUS_COMMIT=off, the default), so the crash
+/// may undo its latest leases and marks; those rows must be published
+/// again, and no row lost, quarantined or left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_crash_mid_drain_undoes_only_the_latest_commits_and_loses_no_row() {
+    let postgres = PrivatePostgres::start().await;
+    let mut db: TestDb = postgres.migrated_database().await;
+    let broker = TestBroker::create("#").await;
+    let ids = db.insert_events(20_000, "crash.event").await;
+    let mut env = broker.env();
+    env.extend(quick_settings());
+    let mut relay = RelayProcess::start(&db, &env);
+    let pid = relay.child.id();
+    eventually(WAIT, "the relay publishing", || async {
+        db.count("published_at IS NOT NULL").await >= 2_000
+    })
+    .await;
+    let before = db.count("published_at IS NOT NULL").await;
+    postgres.pg_ctl(&["restart", "--mode=immediate"]).await;
+    db.reconnect().await;
+    let after = db.count("published_at IS NOT NULL").await;
+    eprintln!("database crash: {before} of 20000 rows marked published just before, {after} after recovery");
+    assert!(
+        after < 20_000,
+        "the relay had finished before the crash: the test proved nothing"
+    );
+
+    receive_all(&broker, &id_set(&ids), WAIT).await;
+    settled(&db, WAIT).await;
+    assert_nothing_quarantined(&db, "the only fault was a database crash").await;
+    assert_eq!(
+        db.count("published_at IS NULL").await,
+        0,
+        "every row marked published"
+    );
+    assert!(
+        relay.child.try_wait().expect("relay status").is_none(),
+        "the relay exited instead of waiting the crash out"
     );
     assert_eq!(relay.child.id(), pid);
     broker.cleanup().await;
