@@ -9,18 +9,22 @@ use std::time::Duration;
 
 use common::rows::Rows;
 use common::TestDb;
-use outbox_relay::store::{ClaimBudget, DatabaseSettings, OnPublish, Ordering, Store};
+use outbox_relay::store::{ClaimBudget, DatabaseConfig, DatabaseSettings, OnPublish, Ordering, Store};
 use uuid::Uuid;
 
-fn store(db: &TestDb) -> Store {
-    let database = DatabaseSettings {
+/// The test database as the relay's settings describe it.
+fn database(db: &TestDb) -> DatabaseConfig {
+    DatabaseSettings {
         database_url: db.url.clone(),
         table: "outbox_event".into(),
         database_pooler: "none".to_owned(),
     }
     .validate()
-    .expect("valid settings");
-    Store::new(&database, 2)
+    .expect("valid settings")
+}
+
+fn store(db: &TestDb) -> Store {
+    Store::new(&database(db), 2)
 }
 
 const GENEROUS: ClaimBudget = ClaimBudget {
@@ -345,13 +349,7 @@ async fn a_late_confirmation_recorded_with_a_claim_leaves_a_row_claimed_since() 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_claim_the_caller_was_told_failed_did_not_lease_rows() {
     let db = TestDb::migrated().await;
-    let database = DatabaseSettings {
-        database_url: db.url.clone(),
-        table: "outbox_event".into(),
-        database_pooler: "none".to_owned(),
-    }
-    .validate()
-    .expect("valid settings");
+    let database = database(&db);
     let store = std::sync::Arc::new(Store::new(&database, 1));
     // A first claim looks the optional columns up and prepares its
     // statement on the pool's connection, as a running relay has: the
@@ -454,13 +452,7 @@ async fn a_claim_held_up_by_a_row_lock_gives_way_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relays_transactions_commit_at_its_level_and_an_operators_at_the_servers() {
     let db = TestDb::migrated().await;
-    let database = DatabaseSettings {
-        database_url: db.url.clone(),
-        table: "outbox_event".into(),
-        database_pooler: "none".to_owned(),
-    }
-    .validate()
-    .expect("valid settings");
+    let database = database(&db);
     // The database's own level, whatever the server's is: new sessions
     // start from it.
     db.client
