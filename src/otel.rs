@@ -40,6 +40,10 @@ use crate::settings::ConfigError;
 /// these and nothing else, the log layer never these.
 pub const PUBLISH_TARGET: &str = "outbox_relay::publish";
 
+/// The level of the publish spans (`info_span!` below), the most verbose
+/// the OpenTelemetry layer enables.
+pub const PUBLISH_LEVEL: tracing::level_filters::LevelFilter = tracing::level_filters::LevelFilter::INFO;
+
 /// Set once the exporter is up; read before a batch part is published.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 

@@ -6,12 +6,13 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
 use tracing::{Level, Metadata};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::otel::PUBLISH_TARGET;
+use crate::otel::{PUBLISH_LEVEL, PUBLISH_TARGET};
 use crate::settings::{parse_choice, var, ConfigError};
 
 /// Log output format (`OUTBOX_LOG_FORMAT`).
@@ -66,36 +67,58 @@ fn within_caps(target: &str, level: Level) -> bool {
 /// spans of the relay are for the logs.
 pub fn init(format: LogFormat, spans: Option<&SdkTracerProvider>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // A second init (tests) keeps the first subscriber.
+    let _ = subscriber(format, filter, spans).try_init();
+}
+
+/// The subscriber [`init`] installs, with `filter` for the log lines.
+///
+/// Every layer states the most verbose level it can enable. The global
+/// maximum is what `tracing`'s macros test first, and where a layer has
+/// no hint it is `TRACE`: the libraries' `trace!` lines then build their
+/// fields and reach the subscriber only to be dropped there, and lapin
+/// keeps a name for every promise it makes: a fifth of the relay's
+/// instructions per event (see docs/performance.md).
+fn subscriber(
+    format: LogFormat,
+    filter: EnvFilter,
+    spans: Option<&SdkTracerProvider>,
+) -> impl tracing::Subscriber + Send + Sync {
     // The caps are a filter of their own, and'ed with RUST_LOG's rather
     // than directives added to it: a more specific directive in RUST_LOG
-    // (`lapin::channels=trace`) would win over an added `lapin=info`.
-    let filter = filter.and(filter_fn(|metadata: &Metadata<'_>| {
+    // (`lapin::channels=trace`) would win over an added `lapin=info`. They
+    // only ever narrow, so their hint leaves RUST_LOG's in charge.
+    let caps = filter_fn(|metadata: &Metadata<'_>| {
         within_caps(metadata.target(), *metadata.level()) && metadata.target() != PUBLISH_TARGET
-    }));
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let layer = match format {
-        LogFormat::Text => layer.boxed(),
-        LogFormat::Json => layer.json().flatten_event(true).boxed(),
+    })
+    .with_max_level_hint(LevelFilter::TRACE);
+    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let lines = match format {
+        LogFormat::Text => lines.boxed(),
+        LogFormat::Json => lines.json().flatten_event(true).boxed(),
     };
-    let spans = spans.map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("outbox-relay"))
-            // The conventions' attributes only: no source file, thread,
-            // level or busy/idle times on every span.
-            .with_location(false)
-            .with_tracked_inactivity(false)
-            .with_threads(false)
-            .with_level(false)
-            .with_target(false)
-            .with_filter(filter_fn(|metadata: &Metadata<'_>| {
-                metadata.target() == PUBLISH_TARGET
-            }))
-    });
-    // A second init (tests) keeps the first subscriber.
-    let _ = tracing_subscriber::registry()
-        .with(layer.with_filter(filter))
-        .with(spans)
-        .try_init();
+    let mut layers = vec![lines.with_filter(filter.and(caps)).boxed()];
+    if let Some(provider) = spans {
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(provider.tracer("outbox-relay"))
+                // The conventions' attributes only: no source file, thread,
+                // level or busy/idle times on every span.
+                .with_location(false)
+                .with_tracked_inactivity(false)
+                .with_threads(false)
+                .with_level(false)
+                .with_target(false)
+                .with_filter(
+                    filter_fn(|metadata: &Metadata<'_>| metadata.target() == PUBLISH_TARGET)
+                        .with_max_level_hint(PUBLISH_LEVEL),
+                )
+                .boxed(),
+        );
+    }
+    // No layer at all where spans are off: an absent optional layer
+    // (`Option::None`) counts as interested in everything.
+    tracing_subscriber::registry().with(layers)
 }
 
 #[cfg(test)]
@@ -130,5 +153,22 @@ mod tests {
         ));
         assert!(within_caps("outbox_relay::relay", Level::TRACE));
         assert!(within_caps("tokio_postgres::query", Level::TRACE));
+    }
+
+    /// The most verbose level any layer can enable bounds every library's
+    /// `trace!` before it builds anything (see [`subscriber`]).
+    #[test]
+    fn the_subscriber_enables_no_level_beyond_rust_log_and_the_publish_spans() {
+        use tracing::Subscriber as _;
+        let hint = |directives: &str, spans: Option<&SdkTracerProvider>| {
+            subscriber(LogFormat::Text, EnvFilter::new(directives), spans).max_level_hint()
+        };
+        assert_eq!(hint("warn", None), Some(LevelFilter::WARN));
+        assert_eq!(hint("info", None), Some(LevelFilter::INFO));
+        assert_eq!(hint("warn,outbox_relay=debug", None), Some(LevelFilter::DEBUG));
+        let provider = SdkTracerProvider::builder().build();
+        assert_eq!(hint("warn", Some(&provider)), Some(LevelFilter::INFO));
+        assert_eq!(hint("trace", Some(&provider)), Some(LevelFilter::TRACE));
+        let _ = provider.shutdown();
     }
 }

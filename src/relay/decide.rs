@@ -53,7 +53,8 @@ pub struct Quarantine {
 /// What the relay will do with each row of a batch.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Decisions {
-    /// Confirmed by the broker.
+    /// Confirmed by the broker, in the order of the events [`decide`] was
+    /// given (the relay pairs them with their events in one walk).
     pub published: Vec<ClaimedRow>,
     /// Failed; try again after the delay.
     pub retry: Vec<Retry>,
@@ -246,6 +247,21 @@ mod tests {
         assert!(decisions.quarantine[1]
             .reason
             .contains("gave up after 10 attempts"));
+    }
+
+    #[test]
+    fn published_rows_keep_their_events_order() {
+        let events: Vec<Event> = (0..5).map(|_| event(1)).collect();
+        let outcomes = vec![
+            Outcome::Published,
+            Outcome::Retry("nack".into()),
+            Outcome::Published,
+            Outcome::Deferred("connection lost".into()),
+            Outcome::Published,
+        ];
+        let decisions = decide(&events, outcomes, 10, &BACKOFF);
+        let published: Vec<Uuid> = decisions.published.iter().map(|row| row.id).collect();
+        assert_eq!(published, vec![events[0].id, events[2].id, events[4].id]);
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod destination;
 mod health;
 mod settings;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -584,10 +584,14 @@ impl Relay {
                     .filter(|(of, _)| *of == index)
                     .map(|(_, quarantine)| quarantine.clone()),
             );
-            let published: HashSet<Uuid> = part.published.iter().map(|row| row.id).collect();
-            for event in events.iter().filter(|event| published.contains(&event.id)) {
-                let lag = (confirmed_at - event.created_at).to_std().unwrap_or_default();
-                metrics.lag.observe(lag.as_secs_f64());
+            // `decide` lists the published rows in the part's order, so one
+            // walk pairs them with their events, without hashing every id.
+            let mut published = part.published.iter().peekable();
+            for event in &events {
+                if published.next_if(|row| row.id == event.id).is_some() {
+                    let lag = (confirmed_at - event.created_at).to_std().unwrap_or_default();
+                    metrics.lag.observe(lag.as_secs_f64());
+                }
             }
             // One line per destination and batch at warn: a broker refusing
             // everything must not turn into a line per row. Each row is at
