@@ -1,7 +1,9 @@
 # Sourced by scripts/test and scripts/bench (which define `fail`).
 # ensure_sqs_emulator http://127.0.0.1:PORT makes sure an SQS emulator
 # answers there, installing and starting moto when none does; a moto started
-# here is stopped when the calling script exits.
+# here is stopped when the calling script exits. A caller that sets an EXIT
+# trap of its own replaces this one, so its trap must call
+# stop_sqs_emulator too.
 
 ensure_sqs_emulator() {
   local endpoint=$1 port=${1##*:}
@@ -17,10 +19,16 @@ ensure_sqs_emulator() {
   mkdir -p target
   moto_server -H 127.0.0.1 -p "$port" >target/moto_server.log 2>&1 &
   started_sqs=$!
-  trap '[ -n "$started_sqs" ] && kill "$started_sqs" 2>/dev/null || true' EXIT
+  trap stop_sqs_emulator EXIT
   for _ in $(seq 1 100); do
     curl -fsS -o /dev/null "${endpoint}/moto-api/" 2>/dev/null && return 0
     sleep 0.2
   done
   fail "moto_server did not start on port $port; see target/moto_server.log"
+}
+
+stop_sqs_emulator() {
+  if [ -n "${started_sqs:-}" ]; then
+    kill "$started_sqs" 2>/dev/null || true
+  fi
 }
