@@ -11,7 +11,9 @@ mod common;
 use std::process::Output;
 
 use chrono::{DateTime, Duration as TimeDelta, SecondsFormat, Utc};
+use common::config_file::{destination, route, ConfigFile};
 use common::TestDb;
+use outbox_relay::store::{ClaimBudget, DatabaseSettings, Ordering, RouteFilter, Store};
 use uuid::Uuid;
 
 /// A table shape: its columns before `migrate`, which adds the relay's
@@ -327,13 +329,96 @@ async fn with_times_without_time_zone() {
     .await;
 }
 
+const ENUM_EVENT_TYPE: Shape = Shape {
+    columns: &[("event_type", "event_kind NOT NULL")],
+    before: "CREATE TYPE event_kind AS ENUM ('order.created', 'invoice.issued'); ",
+};
+
 /// `event_type` of the producer's own enum type: read as text, so
 /// `replay --event-type` matches it as text too.
 #[tokio::test(flavor = "multi_thread")]
 async fn with_an_enum_event_type() {
-    every_admin_command_works_on(Shape {
-        columns: &[("event_type", "event_kind NOT NULL")],
-        before: "CREATE TYPE event_kind AS ENUM ('order.created', 'invoice.issued'); ",
+    every_admin_command_works_on(ENUM_EVENT_TYPE).await;
+}
+
+/// Routes match event types with `LIKE`, which an enum does not have: a
+/// relay with several destinations filters its claims by route whenever
+/// one is down, and every such claim failed on an enum column, holding
+/// back the destinations that were up too. The claims of both orderings
+/// and `status`'s count per destination, on the enum and on the seed's
+/// `varchar`.
+#[tokio::test(flavor = "multi_thread")]
+async fn routes_match_an_enum_event_type_as_text() {
+    routes_match_event_types_on(ENUM_EVENT_TYPE).await;
+    routes_match_event_types_on(Shape {
+        columns: &[],
+        before: "",
     })
     .await;
+}
+
+async fn routes_match_event_types_on(shape: Shape) {
+    let db = migrated(&shape).await;
+    let mut orders = Vec::new();
+    for _ in 0..2 {
+        orders.push(insert(&db, "order.created", "1 hour", "NULL", 0, "NULL", "NULL").await);
+    }
+    let invoice = insert(&db, "invoice.issued", "1 hour", "NULL", 0, "NULL", "NULL").await;
+
+    let broker = [("amqp_url", "amqp://127.0.0.1:1".to_owned())];
+    let file = ConfigFile::write(&format!(
+        "{}\n{}\n{}\n{}",
+        destination("orders", "rabbitmq", &broker),
+        destination("invoices", "rabbitmq", &broker),
+        route("order.*", "orders"),
+        route("invoice.*", "invoices"),
+    ));
+    let status = json(
+        &db.relay_command(&["status", "--json"], &[("OUTBOX_CONFIG", file.path_str())])
+            .output()
+            .expect("run outbox-relay"),
+    );
+    assert_eq!(status["destinations"]["orders"], 2, "{status}");
+    assert_eq!(status["destinations"]["invoices"], 1, "{status}");
+    assert_eq!(status["unrouted"], 0, "{status}");
+
+    let database = DatabaseSettings {
+        database_url: db.url.clone(),
+        table: "outbox_event".into(),
+        database_pooler: "none".to_owned(),
+    }
+    .validate()
+    .expect("valid settings");
+    let store = Store::new(&database, 1).with_routes(2);
+    // The invoices' destination down: only the orders' rows are taken.
+    let orders_only = RouteFilter {
+        patterns: vec!["order.%".to_owned(), "invoice.%".to_owned()],
+        take: vec![true, false, false],
+    };
+    let budget = ClaimBudget {
+        rows: 10,
+        bytes: 1024 * 1024,
+        max_payload: 1024 * 1024,
+    };
+    for ordering in [Ordering::None, Ordering::Aggregate] {
+        let claimed = store
+            .claim_routed(
+                budget,
+                std::time::Duration::from_secs(600),
+                ordering,
+                Some(&orders_only),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{ordering:?} claim with a route filter: {e}"));
+        let mut ids: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
+        ids.sort();
+        let mut expected = orders.clone();
+        expected.sort();
+        assert_eq!(ids, expected, "{ordering:?}: the orders' rows and not {invoice}");
+        // Let the next ordering claim the same rows.
+        db.client
+            .execute("UPDATE outbox_event SET leased_until = NULL", &[])
+            .await
+            .expect("end the leases");
+    }
 }

@@ -181,10 +181,11 @@ impl Store {
     /// Unpublished rows per route (index 0: rows no route matches, then
     /// each route of `patterns`, its `LIKE` pattern, in order), counted
     /// among the [`super::COUNT_CAP`] oldest; `true` when that was all of
-    /// them (exact).
+    /// them (exact). The event type is compared as text, as the claim's
+    /// route filter compares it (an enum column has no `LIKE`).
     pub async fn backlog_by_route(&self, patterns: &[String]) -> Result<(Vec<i64>, bool), StoreError> {
         let arms: String = (1..=patterns.len())
-            .map(|route| format!(" WHEN event_type LIKE ($2::text[])[{route}] THEN {route}"))
+            .map(|route| format!(" WHEN event_type::text LIKE ($2::text[])[{route}] THEN {route}"))
             .collect();
         let sql = super::casts::render(
             &include_str!("sql/backlog_by_route.sql")

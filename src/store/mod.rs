@@ -223,7 +223,9 @@ fn push_filter<'a>(params: &mut Vec<Param<'a>>, filter: Option<&'a RouteFilter>)
 /// `LIKE` pattern (`$first` text[], in route order) its event type matches,
 /// and the row is taken when that route's flag (`$first+1` bool[]) is set;
 /// the flag after the last route is for rows no route matches. A `CASE`,
-/// so that PostgreSQL stops at the first match as the relay does.
+/// so that PostgreSQL stops at the first match as the relay does. The
+/// event type is compared as text: a producer's enum column has no `LIKE`
+/// of its own, and without the cast every filtered claim would fail.
 fn route_filter(column: &str, first: usize, routes: usize) -> String {
     if routes == 0 {
         return String::new();
@@ -231,7 +233,9 @@ fn route_filter(column: &str, first: usize, routes: usize) -> String {
     let (patterns, takes) = (first, first + 1);
     let arms: String = (1..=routes)
         .map(|route| {
-            format!(" WHEN {column} LIKE (${patterns}::text[])[{route}] THEN (${takes}::bool[])[{route}]")
+            format!(
+                " WHEN {column}::text LIKE (${patterns}::text[])[{route}] THEN (${takes}::bool[])[{route}]"
+            )
         })
         .collect();
     format!(
@@ -1002,20 +1006,20 @@ mod tests {
         // Both claim paths filter, with the filter's parameters after the others.
         assert_eq!(
             routed.claim[0]
-                .matches("LIKE ($7::text[])[2] THEN ($8::bool[])[2]")
+                .matches("event_type::text LIKE ($7::text[])[2] THEN ($8::bool[])[2]")
                 .count(),
             2
         );
         assert_eq!(routed.claim[0].matches("ELSE ($8::bool[])[3] END").count(), 2);
         assert_eq!(
             routed.claim_after_mark[1]
-                .matches("LIKE ($9::text[])[1] THEN ($10::bool[])[1]")
+                .matches("event_type::text LIKE ($9::text[])[1] THEN ($10::bool[])[1]")
                 .count(),
             2
         );
         assert_eq!(
             routed.claim_ordered[0]
-                .matches("t.event_type LIKE ($5::text[])[1]")
+                .matches("t.event_type::text LIKE ($5::text[])[1]")
                 .count(),
             2
         );
