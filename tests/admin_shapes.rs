@@ -357,6 +357,74 @@ async fn routes_match_an_enum_event_type_as_text() {
     .await;
 }
 
+/// A producer's `last_error` shorter than the relay's reasons (up to
+/// 1,000 characters): each reason is cut to the column's length, on the
+/// column's own `varchar(n)` and on a domain's. Before, the one statement
+/// recording a batch's failures failed on a long reason, and the rows
+/// were retried and failed the same way, never backing off or quarantined.
+#[tokio::test(flavor = "multi_thread")]
+async fn reasons_are_cut_to_a_short_last_error_column() {
+    for shape in [
+        Shape {
+            columns: &[("last_error", "VARCHAR(40)")],
+            before: "",
+        },
+        Shape {
+            columns: &[("last_error", "short_reason")],
+            before: "CREATE DOMAIN short_reason AS VARCHAR(40); ",
+        },
+        Shape {
+            columns: &[("last_error", "VARCHAR(1000)")],
+            before: "",
+        },
+    ] {
+        // On a column with room for the relay's own cut: 997 bytes of
+        // ASCII text and the ellipsis.
+        let room = if shape.columns[0].1 == "VARCHAR(1000)" {
+            998
+        } else {
+            40
+        };
+        let db = migrated(&shape).await;
+        let id = insert(&db, "order.created", "1 hour", "NULL", 1, "NULL", "NULL").await;
+        let store = Store::new(&store_settings(&db), 1);
+        let long = "refused: ".to_owned() + &"x".repeat(3000);
+        let stored = || async {
+            let row = db
+                .client
+                .query_one(
+                    "SELECT char_length(last_error), quarantined_at IS NOT NULL FROM outbox_event WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .expect("read the row");
+            (row.get::<_, i32>(0), row.get::<_, bool>(1))
+        };
+        let rescheduled = store
+            .reschedule(&[id], &[1], &[&long], &[std::time::Duration::ZERO])
+            .await
+            .unwrap_or_else(|e| panic!("{}: reschedule: {e}", shape.columns[0].1));
+        assert_eq!(rescheduled, 1);
+        assert_eq!(stored().await, (room, false), "{}", shape.columns[0].1);
+        let quarantined = store
+            .quarantine(&[id], &[1], &[&long])
+            .await
+            .unwrap_or_else(|e| panic!("{}: quarantine: {e}", shape.columns[0].1));
+        assert_eq!(quarantined, 1);
+        assert_eq!(stored().await, (room, true), "{}", shape.columns[0].1);
+    }
+}
+
+fn store_settings(db: &TestDb) -> outbox_relay::store::DatabaseConfig {
+    DatabaseSettings {
+        database_url: db.url.clone(),
+        table: "outbox_event".into(),
+        database_pooler: "none".to_owned(),
+    }
+    .validate()
+    .expect("valid settings")
+}
+
 async fn routes_match_event_types_on(shape: Shape) {
     let db = migrated(&shape).await;
     let mut orders = Vec::new();
@@ -382,14 +450,7 @@ async fn routes_match_event_types_on(shape: Shape) {
     assert_eq!(status["destinations"]["invoices"], 1, "{status}");
     assert_eq!(status["unrouted"], 0, "{status}");
 
-    let database = DatabaseSettings {
-        database_url: db.url.clone(),
-        table: "outbox_event".into(),
-        database_pooler: "none".to_owned(),
-    }
-    .validate()
-    .expect("valid settings");
-    let store = Store::new(&database, 1).with_routes(2);
+    let store = Store::new(&store_settings(&db), 1).with_routes(2);
     // The invoices' destination down: only the orders' rows are taken.
     let orders_only = RouteFilter {
         patterns: vec!["order.%".to_owned(), "invoice.%".to_owned()],

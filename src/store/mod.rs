@@ -932,7 +932,9 @@ fn last_errors(reasons: &[&str]) -> Vec<String> {
             if one_line.len() <= MAX {
                 return one_line;
             }
-            let mut end = MAX;
+            // The ellipsis within the bound, so that a `varchar(1000)`
+            // column takes the text.
+            let mut end = MAX - '…'.len_utf8();
             while !one_line.is_char_boundary(end) {
                 end -= 1;
             }
@@ -963,7 +965,8 @@ mod tests {
         assert_eq!(last_errors(&["a\nb"]), vec!["a b"]);
         let long = "é".repeat(2000);
         let cut = &last_errors(&[&long])[0];
-        assert!(cut.len() <= 1000 + '…'.len_utf8());
+        assert!(cut.len() <= 1000);
+        assert!(last_errors(&[&"a".repeat(5000)])[0].chars().count() <= 1000);
         assert!(cut.ends_with('…'));
     }
 
