@@ -322,6 +322,109 @@ async fn a_row_that_keeps_killing_the_relay_ends_in_quarantine() {
     broker.cleanup().await;
 }
 
+/// Starts a relay and returns it once the broker has the row `id`.
+async fn start_until_published(
+    db: &TestDb,
+    env: &[(&'static str, String)],
+    broker: &TestBroker,
+    id: Uuid,
+    round: u32,
+) -> RelayProcess {
+    let relay = RelayProcess::start(db, env);
+    let id = id.to_string();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !broker
+        .receive(1, Duration::from_millis(500))
+        .await
+        .iter()
+        .any(|message| message.message_id == id)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "round {round}: {id} not published"
+        );
+    }
+    relay
+}
+
+/// A row that kills the relay while its batch-mates are in flight with
+/// it: every one of them is charged the attempt, and retried together
+/// they would share each of its attempts until all were quarantined. Here
+/// the relay dies (killed by the test) whenever the poison row's mark is
+/// under way, which a trigger holds up for that row only: after the first
+/// crash the poison row is published alone, its batch-mates are published
+/// and marked while it hangs, and only the poison row reaches quarantine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_that_keeps_killing_the_relay_does_not_take_its_batch_mates_to_quarantine() {
+    let db = TestDb::migrated().await;
+    let broker = TestBroker::create("#").await;
+    let poison = db.insert_events(1, "crash.poison").await[0];
+    let mates = db.insert_events(19, "crash.mate").await;
+    db.client
+        .batch_execute(
+            "CREATE FUNCTION hang_poison_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.published_at IS NOT NULL AND OLD.published_at IS NULL
+                    AND OLD.event_type = 'crash.poison' THEN
+                     PERFORM pg_sleep(600);
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER hang_poison_mark BEFORE UPDATE ON outbox_event
+                 FOR EACH ROW EXECUTE FUNCTION hang_poison_mark();",
+        )
+        .await
+        .unwrap();
+    let env = with(
+        fast(&broker),
+        &[("OUTBOX_PUBLISH_TIMEOUT", "1s"), ("OUTBOX_MAX_ATTEMPTS", "2")],
+    );
+    // Round 1: the whole first batch is in flight when the relay dies.
+    let mut relay = start_until_published(&db, &env, &broker, poison, 1).await;
+    relay.signal("KILL");
+    relay.wait(WAIT).await.expect("relay killed");
+    db.terminate_relay_backends().await;
+
+    // Round 2: the poison row goes alone; its batch-mates are published
+    // and marked while its mark hangs.
+    let mut relay = start_until_published(&db, &env, &broker, poison, 2).await;
+    eventually(WAIT, "the batch-mates published and marked", || async {
+        db.count(&format!(
+            "published_at IS NOT NULL AND id IN ({})",
+            mates
+                .iter()
+                .map(|id| format!("'{id}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .await
+            == mates.len() as i64
+    })
+    .await;
+    relay.signal("KILL");
+    relay.wait(WAIT).await.expect("relay killed");
+    db.terminate_relay_backends().await;
+
+    // Round 3: the poison row is past its attempts.
+    let _relay = RelayProcess::start(&db, &env);
+    eventually(WAIT, "the poison row quarantined", || async {
+        db.count("quarantined_at IS NOT NULL").await == 1
+    })
+    .await;
+    let quarantined: Uuid = db
+        .client
+        .query_one(
+            "SELECT id FROM outbox_event WHERE quarantined_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(quarantined, poison, "only the poison row is quarantined");
+    assert_eq!(db.count("published_at IS NOT NULL").await, 19);
+    broker.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relay_recovers_from_cut_database_and_broker_connections_under_load() {
     let db = TestDb::migrated().await;

@@ -76,6 +76,11 @@ impl ClaimFrontier {
 #[derive(Debug, Default)]
 pub struct ClaimStarts {
     last_from_oldest: Option<Instant>,
+    /// The last claim took rows whose last attempt was interrupted: the
+    /// relay publishes one of them and gives the rest back where they lie,
+    /// before the frontier, so the next claim reads from the oldest row
+    /// rather than leave them for a second.
+    interrupted: bool,
 }
 
 impl ClaimStarts {
@@ -83,7 +88,7 @@ impl ClaimStarts {
     pub fn next(&self, frontier: &ClaimFrontier, scope: &ClaimScope, now: Instant) -> ClaimStart {
         match (frontier.start_for(scope), self.last_from_oldest) {
             (Some((created_at, id)), Some(last))
-                if now.saturating_duration_since(last) < FROM_OLDEST_EVERY =>
+                if !self.interrupted && now.saturating_duration_since(last) < FROM_OLDEST_EVERY =>
             {
                 ClaimStart::From(created_at, id)
             }
@@ -107,6 +112,12 @@ impl ClaimStarts {
             self.last_from_oldest = Some(at);
         }
         frontier.record(scope, full, last);
+    }
+
+    /// Records whether the last claim, of any scope, took rows whose last
+    /// attempt was interrupted.
+    pub fn took_interrupted(&mut self, interrupted: bool) {
+        self.interrupted = interrupted;
     }
 }
 
@@ -229,5 +240,18 @@ mod tests {
         one.claimed(&frontier, &all(), ClaimStart::Oldest, now, true, Some(at(10)));
         two.claimed(&frontier, &all(), from(at(10)), now, false, Some(at(11)));
         assert_eq!(one.next(&frontier, &all(), now), ClaimStart::Oldest);
+    }
+
+    #[test]
+    fn after_a_claim_with_interrupted_rows_the_next_claim_reads_from_the_oldest_row() {
+        let frontier = ClaimFrontier::default();
+        let mut starts = ClaimStarts::default();
+        let now = Instant::now();
+        starts.claimed(&frontier, &all(), ClaimStart::Oldest, now, true, Some(at(10)));
+        assert_eq!(starts.next(&frontier, &all(), now), from(at(10)));
+        starts.took_interrupted(true);
+        assert_eq!(starts.next(&frontier, &all(), now), ClaimStart::Oldest);
+        starts.took_interrupted(false);
+        assert_eq!(starts.next(&frontier, &all(), now), from(at(10)));
     }
 }

@@ -200,6 +200,35 @@ pub fn split_exhausted(events: Vec<Event>, max_attempts: u32) -> (Vec<Event>, Ve
     (due, quarantine)
 }
 
+/// Keeps only the oldest row whose last attempt was interrupted (see
+/// `Claimed::interrupted`) when a batch holds any, and gives the others
+/// their attempts back (returned), to be claimed again at once. A row
+/// that kills the relay (its payload, a client's bug) takes its whole
+/// batch down with it, and every row in flight is charged the attempt:
+/// retried together, the batch-mates would share each of its attempts
+/// until all of them were quarantined. Alone, a row that kills the relay
+/// again is charged alone, and each batch-mate is published on a turn of
+/// its own. Such rows are at most the batches in flight at the crash, so
+/// the relay is back to full batches after as many claims.
+pub fn isolate_interrupted(events: Vec<Event>, interrupted: &[Uuid]) -> (Vec<Event>, Vec<ClaimedRow>) {
+    if interrupted.is_empty() || events.len() < 2 {
+        return (events, Vec::new());
+    }
+    let Some(alone) = events.iter().position(|e| interrupted.contains(&e.id)) else {
+        return (events, Vec::new());
+    };
+    let mut kept = Vec::with_capacity(1);
+    let mut given_back = Vec::with_capacity(events.len() - 1);
+    for (position, event) in events.into_iter().enumerate() {
+        if position == alone {
+            kept.push(event);
+        } else {
+            given_back.push(ClaimedRow::of(&event));
+        }
+    }
+    (kept, given_back)
+}
+
 #[cfg(test)]
 mod tests {
     use chrono::Utc;
@@ -333,5 +362,29 @@ mod tests {
         assert_eq!(due, vec![fresh]);
         assert_eq!(quarantine.len(), 1);
         assert_eq!(quarantine[0].row.id, crashed.id);
+    }
+
+    #[test]
+    fn the_oldest_interrupted_row_goes_alone_and_the_rest_get_their_attempts_back() {
+        let batch: Vec<Event> = (0..5).map(|n| event(1 + n % 2)).collect();
+        let interrupted = vec![batch[3].id, batch[1].id];
+        let (alone, given_back) = isolate_interrupted(batch.clone(), &interrupted);
+        assert_eq!(alone, vec![batch[1].clone()], "the first in claim order");
+        let expected: Vec<ClaimedRow> = [0, 2, 3, 4].iter().map(|&n| ClaimedRow::of(&batch[n])).collect();
+        assert_eq!(given_back, expected, "each with the attempt the claim counted");
+
+        let (whole, none) = isolate_interrupted(batch.clone(), &[]);
+        assert_eq!((whole, none), (batch.clone(), Vec::new()), "no interrupted row");
+        let (whole, none) = isolate_interrupted(batch.clone(), &[Uuid::new_v4()]);
+        assert_eq!(
+            (whole, none),
+            (batch.clone(), Vec::new()),
+            "an interrupted row not in the batch (quarantined)"
+        );
+        let single = vec![batch[3].clone()];
+        assert_eq!(
+            isolate_interrupted(single.clone(), &interrupted),
+            (single, Vec::new())
+        );
     }
 }

@@ -32,7 +32,10 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 pub use catch_up::{CatchUp, CATCHING_UP_FOR};
-pub use decide::{decide, route_batch, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry, Routed};
+pub use decide::{
+    decide, isolate_interrupted, route_batch, split_exhausted, ClaimedRow, Decisions, Quarantine, Retry,
+    Routed,
+};
 pub use destination::{Destination, Destinations, Readiness};
 pub use health::{BatchHealth, DestinationHealth, RelayHealth, Turn, PROBE_ROWS};
 pub use settings::RelaySettings;
@@ -347,6 +350,7 @@ impl Relay {
                                 .max(),
                         );
                     }
+                    starts.took_interrupted(!batch.interrupted.is_empty());
                     confirmed.rows.clear();
                     db_state.succeeded();
                     self.health.claim_succeeded();
@@ -534,6 +538,25 @@ impl Relay {
         let traces_of = |ids: &mut dyn Iterator<Item = &Uuid>| batch_trace_ids(ids.filter_map(trace_of));
         let all_ids: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
         let (due, exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
+        let (due, mut given_back) = isolate_interrupted(due, &claimed.interrupted);
+        if !given_back.is_empty() {
+            // Given back before the publish, so that they are not in flight
+            // (charged) should this row kill the relay again.
+            let (ids, attempts): (Vec<Uuid>, Vec<i32>) =
+                given_back.iter().map(|row| (row.id, row.attempt)).unzip();
+            let early = self.store.defer(&ids, &attempts).await;
+            debug!(
+                report = "interrupted_alone",
+                event_id = %due.first().map(|event| event.id).unwrap_or_default(),
+                given_back = given_back.len(),
+                given_back_before_publishing = early.is_ok(),
+                "a row whose last attempt was interrupted is published alone; its batch-mates are given back"
+            );
+            // Recorded with the batch's outcomes instead when that failed.
+            if early.is_ok() {
+                given_back.clear();
+            }
+        }
         let max_payloads: Vec<usize> = self
             .destinations
             .iter()
@@ -629,6 +652,7 @@ impl Relay {
         // went down between the plan and the claim's filter) is given back
         // as an outage would: no attempt charged.
         decisions.deferred.extend(routed.parked);
+        decisions.deferred.extend(given_back);
         // Rows no destination was chosen for: past their attempts, no
         // route, or unreadable. None can ever be published as it is.
         let mut unrouted = exhausted;

@@ -25,6 +25,10 @@ pub struct Claimed {
     pub events: Vec<Event>,
     /// Rows that can never be published as they are.
     pub unpublishable: Vec<Unpublishable>,
+    /// Claimed rows whose last attempt ended without an outcome (a relay
+    /// died or stalled while publishing them), which the relay publishes
+    /// one at a time.
+    pub interrupted: Vec<Uuid>,
 }
 
 /// A claimed row the relay cannot publish as it is.

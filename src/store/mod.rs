@@ -784,6 +784,11 @@ impl Store {
             };
             let mut claimed = Claimed::default();
             for row in &rows {
+                if let (Ok(id), Ok(Some(true))) =
+                    (row.try_get::<_, Uuid>(0), row.try_get::<_, Option<bool>>(9))
+                {
+                    claimed.interrupted.push(id);
+                }
                 match claimed_event(row, budget.max_payload) {
                     Ok(event) => claimed.events.push(event),
                     Err(unpublishable) => claimed.unpublishable.push(unpublishable),

@@ -10,6 +10,12 @@
 -- counted here, not after the publish: a row whose publish kills the relay
 -- still moves towards quarantine. The returned attempt_count identifies
 -- this claim: every outcome is recorded only where it still matches.
+-- `interrupted` marks a row whose last attempt ended without an outcome:
+-- its lease ran out (every outcome clears it), or it was given back after
+-- one (`defer` keeps the attempts before it, and only a failure sets
+-- last_error). The relay publishes such a row alone, so that a row that
+-- kills the relay is not retried with batch-mates that then share its
+-- attempts (see relay/decide.rs, isolate_interrupted).
 --
 -- Plan: two range scans that stop at the LIMIT, one per claim path (see
 -- migrations/0008_hot_lease.sql), so the cost of a claim does not depend
@@ -69,7 +75,8 @@
 -- one's lease to run out first, this statement would otherwise both
 -- record and claim it, in an order PostgreSQL does not define.
 WITH {finish}tried AS (
-    SELECT id, created_at, {read:payload} AS body
+    SELECT id, created_at, {read:payload} AS body,
+           (leased_until IS NOT NULL OR (last_error IS NULL AND attempt_count > 0)) AS interrupted
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
@@ -81,7 +88,8 @@ WITH {finish}tried AS (
     FOR UPDATE SKIP LOCKED
 ),
 untried AS (
-    SELECT id, created_at, {read:payload} AS body
+    SELECT id, created_at, {read:payload} AS body,
+           (leased_until IS NOT NULL OR (last_error IS NULL AND attempt_count > 0)) AS interrupted
     FROM {table}
     WHERE published_at IS NULL
       AND quarantined_at IS NULL
@@ -95,7 +103,7 @@ untried AS (
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT id, created_at, body FROM tried
+    SELECT id, created_at, body, interrupted FROM tried
     UNION ALL
-    SELECT id, created_at, body FROM untried
+    SELECT id, created_at, body, interrupted FROM untried
 )

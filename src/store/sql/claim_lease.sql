@@ -19,12 +19,12 @@
 -- table's fillfactor keeps. {headers} is the producer's optional headers
 -- column read the same way, or `NULL::text` on a table without it.
 budgeted AS (
-    SELECT id, body, payload_bytes
+    SELECT id, body, payload_bytes, interrupted
     FROM (
-        SELECT id, body, payload_bytes,
+        SELECT id, body, payload_bytes, interrupted,
                row_number() OVER w AS position,
                sum(payload_bytes) OVER w AS running_bytes
-        FROM (SELECT id, created_at, body, octet_length(body)::bigint AS payload_bytes FROM due) AS measured
+        FROM (SELECT id, created_at, body, interrupted, octet_length(body)::bigint AS payload_bytes FROM due) AS measured
         WINDOW w AS (ORDER BY created_at, id)
     ) AS d
     WHERE position = 1 OR running_bytes <= $3::bigint
@@ -38,4 +38,4 @@ WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
 RETURNING t.id, {read:t.causation_id}, {read:t.event_type}, {read:t.aggregate_id},
           CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
           b.payload_bytes, {read:t.created_at}, {read:t.attempt_count},
-          {headers}
+          {headers}, b.interrupted

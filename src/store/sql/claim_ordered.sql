@@ -23,7 +23,8 @@
 -- but untried rows behind a stuck head are, on every claim, so a very long
 -- stuck aggregate makes claims slower; the stuck-aggregate gauge shows it.
 WITH tried AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body
+    SELECT t.id, t.created_at, {read:t.payload} AS body,
+           (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
     FROM {table} AS t
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
@@ -42,7 +43,8 @@ WITH tried AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 untried AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body
+    SELECT t.id, t.created_at, {read:t.payload} AS body,
+           (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
     FROM {table} AS t
     WHERE t.published_at IS NULL
       AND t.quarantined_at IS NULL
@@ -61,7 +63,7 @@ untried AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 due AS (
-    SELECT id, created_at, body FROM tried
+    SELECT id, created_at, body, interrupted FROM tried
     UNION ALL
-    SELECT id, created_at, body FROM untried
+    SELECT id, created_at, body, interrupted FROM untried
 )
