@@ -147,6 +147,10 @@ async fn due_rows_are_claimed_past_rows_backing_off_leased_quarantined_and_publi
     let attempts: Vec<i32> = second.events.iter().map(|e| e.attempt_count).collect();
     assert_eq!(attempts, [3, 3, 1, 1, 1, 1, 1]);
     assert!(second.unpublishable.is_empty());
+    // No row here had an attempt end without an outcome: all go in full
+    // batches.
+    assert!(first.interrupted.is_empty(), "{:?}", first.interrupted);
+    assert!(second.interrupted.is_empty(), "{:?}", second.interrupted);
 
     // Everything due is leased now: nothing more to claim.
     let third = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
@@ -157,6 +161,56 @@ async fn due_rows_are_claimed_past_rows_backing_off_leased_quarantined_and_publi
             .await,
         10,
         "every due row leased once"
+    );
+}
+
+/// The claim tells which rows' last attempt ended without an outcome (a
+/// lease that ran out, or attempts without a recorded failure), on both
+/// paths and in both orderings, and rows given back unpublished stay so:
+/// the relay publishes each of them alone (relay/decide.rs).
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_whose_last_attempt_was_interrupted_stay_known_when_given_back() {
+    let db = TestDb::migrated().await;
+    let store = store(&db);
+    let (failed, died, fresh) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    db.client
+        .execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                       attempt_count, next_attempt_at, leased_until, last_error)
+             VALUES ($1, 'failed', 'a', '{}', now() - interval '3 minutes',
+                     2, now() - interval '2 minutes', now() - interval '1 minute', 'nack'),
+                    ($2, 'died', 'b', '{}', now() - interval '2 minutes',
+                     1, now() - interval '2 minutes', now() - interval '1 minute', NULL),
+                    ($3, 'fresh', 'c', '{}', now() - interval '1 minute',
+                     0, now() - interval '1 minute', NULL, NULL)",
+            &[&failed, &died, &fresh],
+        )
+        .await
+        .unwrap();
+    let interrupted: HashSet<Uuid> = [failed, died].into_iter().collect();
+
+    let claimed = store.claim(budget(10), LEASE, Ordering::None).await.unwrap();
+    assert_eq!(ids(&claimed).len(), 3);
+    assert_eq!(
+        claimed.interrupted.iter().copied().collect::<HashSet<_>>(),
+        interrupted
+    );
+
+    let (given, attempts): (Vec<Uuid>, Vec<i32>) =
+        claimed.events.iter().map(|e| (e.id, e.attempt_count)).unzip();
+    let flags: Vec<bool> = given.iter().map(|id| interrupted.contains(id)).collect();
+    assert_eq!(store.give_back(&given, &attempts, &flags).await.unwrap(), 3);
+
+    let again = store.claim(budget(10), LEASE, Ordering::Aggregate).await.unwrap();
+    assert_eq!(
+        again.interrupted.iter().copied().collect::<HashSet<_>>(),
+        interrupted
+    );
+    let attempts: Vec<(Uuid, i32)> = again.events.iter().map(|e| (e.id, e.attempt_count)).collect();
+    assert_eq!(
+        attempts,
+        [(failed, 3), (died, 2), (fresh, 1)],
+        "each attempt given back once"
     );
 }
 

@@ -544,7 +544,8 @@ impl Relay {
             // (charged) should this row kill the relay again.
             let (ids, attempts): (Vec<Uuid>, Vec<i32>) =
                 given_back.iter().map(|row| (row.id, row.attempt)).unzip();
-            let early = self.store.defer(&ids, &attempts).await;
+            let interrupted: Vec<bool> = ids.iter().map(|id| claimed.interrupted.contains(id)).collect();
+            let early = self.store.give_back(&ids, &attempts, &interrupted).await;
             debug!(
                 report = "interrupted_alone",
                 event_id = %due.first().map(|event| event.id).unwrap_or_default(),

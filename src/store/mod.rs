@@ -114,6 +114,7 @@ struct Statements {
     reschedule: String,
     quarantine: String,
     defer: String,
+    give_back: String,
 }
 
 /// Every claim statement, each twice, indexed by whether the table has
@@ -256,6 +257,7 @@ impl Statements {
             reschedule: render(include_str!("sql/reschedule.sql")),
             quarantine: render(include_str!("sql/quarantine.sql")),
             defer: render(include_str!("sql/defer.sql")),
+            give_back: render(include_str!("sql/give_back.sql")),
         }
     }
 }
@@ -906,6 +908,27 @@ impl Store {
         self.execute(
             &self.sql.defer,
             &[(&ids, Type::UUID_ARRAY), (&attempts, Type::INT4_ARRAY)],
+        )
+        .await
+    }
+
+    /// Gives back rows a claim took, before publishing any of them, with
+    /// the claim's attempt (pairs as in [`Store::mark_published`]); each
+    /// row whose last attempt was `interrupted` stays known as such to the
+    /// next claim.
+    pub async fn give_back(
+        &self,
+        ids: &[Uuid],
+        attempts: &[i32],
+        interrupted: &[bool],
+    ) -> Result<u64, StoreError> {
+        self.execute(
+            &self.sql.give_back,
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+                (&interrupted, Type::BOOL_ARRAY),
+            ],
         )
         .await
     }
