@@ -22,7 +22,7 @@ pub struct ClaimedRow {
 }
 
 impl ClaimedRow {
-    pub(crate) fn of(event: &Event) -> Self {
+    fn of(event: &Event) -> Self {
         Self {
             id: event.id,
             attempt: event.attempt_count,

@@ -90,11 +90,6 @@ impl RelayConfig {
     }
 }
 
-/// Held while a row whose last attempt was interrupted is in flight, from
-/// its publish until its outcome is recorded; one for the whole process,
-/// whose crash charges the rows of every source and worker alike.
-static INTERRUPTED_IN_FLIGHT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// How long past the publish deadline a sink may take to return the
 /// outcomes it has; sinks stop waiting at the deadline itself.
 const SINK_GRACE: Duration = Duration::from_secs(2);
@@ -543,27 +538,7 @@ impl Relay {
         let traces_of = |ids: &mut dyn Iterator<Item = &Uuid>| batch_trace_ids(ids.filter_map(trace_of));
         let all_ids: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
         let (due, exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
-        let (mut due, mut given_back) = isolate_interrupted(due, &claimed.interrupted);
-        // A row whose last attempt was interrupted is published with no
-        // other such row in flight in the process: a crash charges every
-        // row in flight, and rows that were interrupted would otherwise
-        // share a poison row's crashes. Rows that were not (other workers'
-        // full batches) are charged at most once that way, and are then
-        // interrupted rows themselves. The lock is held until the row's
-        // outcome is recorded (not carried to the next claim).
-        let alone = if due.iter().any(|event| claimed.interrupted.contains(&event.id)) {
-            match INTERRUPTED_IN_FLIGHT.try_lock() {
-                Ok(guard) => Some(guard),
-                Err(_) => {
-                    // Another is in flight: give this one back too, and
-                    // claim again once that one is recorded.
-                    given_back.extend(due.drain(..).map(|event| ClaimedRow::of(&event)));
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let (due, mut given_back) = isolate_interrupted(due, &claimed.interrupted);
         if !given_back.is_empty() {
             // Given back before the publish, so that they are not in flight
             // (charged) should this row kill the relay again.
@@ -581,12 +556,6 @@ impl Relay {
             // Recorded with the batch's outcomes instead when that failed.
             if early.is_ok() {
                 given_back.clear();
-            }
-            if due.is_empty() {
-                tokio::select! {
-                    _ = INTERRUPTED_IN_FLIGHT.lock() => {}
-                    _ = shutdown.cancelled() => {}
-                }
             }
         }
         let max_payloads: Vec<usize> = self
@@ -714,7 +683,7 @@ impl Relay {
         let deadline = claimed_at + self.config.lease();
         let published = decisions.published.len();
         let confirmed = Confirmed {
-            rows: if self.config.ordering == Ordering::None && !shutdown.is_cancelled() && alone.is_none() {
+            rows: if self.config.ordering == Ordering::None && !shutdown.is_cancelled() {
                 std::mem::take(&mut decisions.published)
             } else {
                 Vec::new()
