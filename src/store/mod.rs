@@ -254,8 +254,8 @@ impl Statements {
             routed: (routes > 0).then(|| ClaimStatements::for_table(table, routes)),
             mark_published: render(include_str!("sql/mark_published.sql")),
             delete_published: render(include_str!("sql/delete_published.sql")),
-            reschedule: render(include_str!("sql/reschedule.sql")),
-            quarantine: render(include_str!("sql/quarantine.sql")),
+            reschedule: render(&with_last_error_room(include_str!("sql/reschedule.sql"))),
+            quarantine: render(&with_last_error_room(include_str!("sql/quarantine.sql"))),
             defer: render(include_str!("sql/defer.sql")),
             give_back: render(include_str!("sql/give_back.sql")),
         }
@@ -969,6 +969,16 @@ fn last_errors(reasons: &[&str]) -> Vec<String> {
             format!("{}…", &one_line[..end])
         })
         .collect()
+}
+
+/// `sql` with its `{last_error_room}` replaced by the expression (and its
+/// comment) that reads how many characters `last_error` takes, shared by
+/// the statements that write it.
+fn with_last_error_room(sql: &str) -> String {
+    sql.replace(
+        "{last_error_room}",
+        include_str!("sql/last_error_room.sql").trim_end(),
+    )
 }
 
 /// Whether a statement failed because a column it names does not exist.
