@@ -308,6 +308,10 @@ fn render(candidates: &str) -> String {
     )
 }
 
+/// Where a routed claim's window ends, as Store renders it for a claim
+/// that records nothing.
+const WINDOW_END: &str = "\n      AND (created_at, id) <= (COALESCE($9::timestamptz, 'infinity'),\n                               COALESCE($10::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))";
+
 /// What keeps a claim's recorded rows out of it, as Store renders it.
 const NOT_FINISHED: &str =
     "\n      AND (leased_until IS NULL OR id <> ALL (ARRAY(SELECT unnest($7::uuid[]))))";
@@ -317,12 +321,21 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
     let db = TestDb::migrated().await;
     seed(&db, 5, 5).await;
     let store = store(&db);
-    let claim = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", "");
+    let claim = include_str!("../src/store/sql/claim.sql")
+        .replace("{route_filter}", "")
+        .replace("{window_end}", "");
     // The claim of a relay with two routes while one destination is down,
-    // as Store renders it: the filter's parameters after the others.
+    // as Store renders it: the filter's parameters after the others, then
+    // where its window ends.
     let route_filter = "\n      AND CASE WHEN event_type LIKE ($7::text[])[1] THEN ($8::bool[])[1] \
                         WHEN event_type LIKE ($7::text[])[2] THEN ($8::bool[])[2] ELSE ($8::bool[])[3] END";
-    let routed = include_str!("../src/store/sql/claim.sql").replace("{route_filter}", route_filter);
+    let routed = include_str!("../src/store/sql/claim.sql")
+        .replace("{route_filter}", route_filter)
+        .replace("{window_end}", WINDOW_END);
+    let window_end = (
+        Some(chrono::Utc::now() - chrono::TimeDelta::minutes(1)),
+        Some(Uuid::new_v4()),
+    );
     let (patterns, take) = (
         vec!["order.%".to_owned(), "payment.%".to_owned()],
         vec![false, true, true],
@@ -387,6 +400,8 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         if filtered {
             params.push(&patterns);
             params.push(&take);
+            params.push(&window_end.0);
+            params.push(&window_end.1);
         }
         let plan: Vec<String> = client
             .query(&format!("EXPLAIN {sql}"), &params)
@@ -409,11 +424,51 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         );
         if !ordered {
             assert!(
-                plan.contains("Index Cond: (ROW(created_at, id) >="),
+                descends_to_start(&plan),
                 "{what} does not descend to where it starts:\n{plan}"
             );
         }
+        if filtered {
+            assert!(
+                stops_at_window_end(&plan),
+                "{what} reads past where its window ends:\n{plan}"
+            );
+        }
     }
+    // Where a window ends: a range of the fresh index from its start.
+    let fresh_window = render_column_reads(
+        &include_str!("../src/store/sql/fresh_window.sql").replace("{table}", "\"outbox_event\""),
+    );
+    let window_rows = 2_000i64;
+    let plan: Vec<String> = client
+        .query(
+            &format!("EXPLAIN {fresh_window}"),
+            &[&catching_up.0, &catching_up.1, &window_rows],
+        )
+        .await
+        .expect("explain the fresh window")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("outbox_event_fresh_idx") && descends_to_start(&plan) && !plan.contains("Seq Scan"),
+        "the fresh window does not descend the fresh index to where it starts:\n{plan}"
+    );
+}
+
+/// The plan descends the fresh index to where its claim starts.
+fn descends_to_start(plan: &str) -> bool {
+    plan.contains("Index Cond: (ROW(created_at, id) >=")
+        || plan.contains("Index Cond: ((ROW(created_at, id) >=")
+}
+
+/// The plan's scan of the fresh index stops where its window ends: the
+/// end is a bound of the index range, not a filter of rows read past it.
+fn stops_at_window_end(plan: &str) -> bool {
+    plan.lines().any(|line| {
+        line.contains("Index Cond: ((ROW(created_at, id) >=") && line.contains("AND (ROW(created_at, id) <=")
+    })
 }
 
 /// The unordered claims as Store renders them for a direct connection:
@@ -432,27 +487,38 @@ fn unordered_claims() -> Vec<(&'static str, String, &'static str, &'static str)>
                     &include_str!("../src/store/sql/claim_finish.sql").replace("{record}", &record),
                 )
                 .replace("{not_finished}", NOT_FINISHED)
-                .replace("{route_filter}", ""),
+                .replace("{route_filter}", "")
+                .replace("{window_end}", ""),
         )
     };
     let recorded = ", '{00000000-0000-0000-0000-000000000001}'::uuid[], '{1}'::int[]";
     vec![
         (
             "claim",
-            render(&claim.replace("{finish}", "").replace("{not_finished}", "").replace("{route_filter}", "")),
+            render(
+                &claim
+                    .replace("{finish}", "")
+                    .replace("{not_finished}", "")
+                    .replace("{route_filter}", "")
+                    .replace("{window_end}", ""),
+            ),
             "",
             "",
         ),
         (
             "claim with a route filter",
             render(
-                &claim.replace("{finish}", "").replace("{not_finished}", "").replace(
-                    "{route_filter}",
-                    "\n      AND CASE WHEN event_type LIKE ($7::text[])[1] THEN ($8::bool[])[1] ELSE ($8::bool[])[2] END",
-                ),
+                &claim
+                    .replace("{finish}", "")
+                    .replace("{not_finished}", "")
+                    .replace(
+                        "{route_filter}",
+                        "\n      AND CASE WHEN event_type LIKE ($7::text[])[1] THEN ($8::bool[])[1] ELSE ($8::bool[])[2] END",
+                    )
+                    .replace("{window_end}", WINDOW_END),
             ),
-            ", text[], bool[]",
-            ", ARRAY['order.%'], ARRAY[false, true]",
+            ", text[], bool[], timestamptz, uuid",
+            ", ARRAY['order.%'], ARRAY[false, true], now(), NULL",
         ),
         (
             "claim after a mark",
@@ -560,9 +626,15 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 assert!(text.contains(index), "{what} does not use {index}:\n{text}");
             }
             assert!(
-                text.contains("Index Cond: (ROW(created_at, id) >="),
+                descends_to_start(&text),
                 "{what} does not descend to where it starts:\n{text}"
             );
+            if what.contains("route filter") {
+                assert!(
+                    stops_at_window_end(&text),
+                    "{what} reads past where its window ends:\n{text}"
+                );
+            }
         }
     }
 }

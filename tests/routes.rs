@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use common::config_file::{destination, route, toml_string, ConfigFile};
 use common::proxy::Proxy;
+use common::rows::Rows;
 use common::sqs::{aws_env, endpoint as sqs_endpoint, SqsReceived, TestQueue};
 use common::sqs_faults::{Fault, SqsProxy};
 use common::system::free_port;
@@ -1140,6 +1141,118 @@ async fn a_destination_denying_every_request_holds_back_only_its_rows() {
         "destination orders gets every row once requests are allowed again"
     );
     recovered(&db, port, ("orders", "sqs"), &order_ids).await;
+    assert!(
+        relay.child.try_wait().expect("relay status").is_none(),
+        "the relay exited"
+    );
+    orders.cleanup().await;
+    ledger.cleanup().await;
+}
+
+/// Index entries of the fresh index read so far, as PostgreSQL's
+/// statistics count them (up to [`STATISTICS_DELAY`] late).
+async fn fresh_index_reads(db: &TestDb) -> i64 {
+    db.client
+        .query_one(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'outbox_event_fresh_idx'",
+            &[],
+        )
+        .await
+        .expect("read the fresh index's statistics")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_that_is_down() {
+    // Enough waiting rows that a relay whose claims each step over all of
+    // them reads millions of index entries in the window below.
+    const WAITING: usize = 20_000;
+    // A sweep from the oldest row a second (the measure and the claim of
+    // each window read its entries once each), four times over; claims
+    // that each step over the backlog read it scores of times a second.
+    const MAX_BACKLOG_READS_PER_SECOND: f64 = 4.0 * 2.0;
+    let db = TestDb::migrated().await;
+    let orders = TestQueue::create(false, None).await;
+    let ledger = TestBroker::create("#").await;
+    let (proxy, ledger_url) = Proxy::in_front_of(&ledger.url).await;
+    let port = free_port();
+    let file = orders_and_ledger(port, &orders, &sqs_endpoint(), &ledger, &ledger_url);
+    let first_ledger = db.insert_events(1, "ledger.entry").await;
+    let mut relay = start_relay(&db, &file, &[]);
+    rabbit_receive_all(&ledger, &id_set(&first_ledger)).await;
+    all_published(&db, &first_ledger, "the first ledger row").await;
+
+    proxy.refuse(true);
+    proxy.cut();
+    let waiting = db.insert_events(WAITING, "ledger.entry").await;
+    eventually(
+        WAIT,
+        "/readyz listing ledger as not ready and orders as ready",
+        || async {
+            ready_without(
+                &http_get(port, "/readyz").await,
+                ("ledger", "rabbitmq"),
+                ("orders", "sqs"),
+            )
+        },
+    )
+    .await;
+
+    // One at a time, as a producer commits them: each is found past the
+    // backlog, which is not read again for each claim.
+    tokio::time::sleep(STATISTICS_DELAY).await;
+    let reads_before = fresh_index_reads(&db).await;
+    let started = Instant::now();
+    let mut one_by_one = Vec::new();
+    while started.elapsed() < RATE_WINDOW {
+        one_by_one.extend(db.insert_events(1, "order.created").await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let window = started.elapsed();
+    tokio::time::sleep(STATISTICS_DELAY).await;
+    let reads = fresh_index_reads(&db).await - reads_before;
+    assert_eq!(
+        distinct(&sqs_ids(&orders, one_by_one.len()).await),
+        id_set(&one_by_one),
+        "every order row inserted one by one"
+    );
+    all_published(&db, &one_by_one, "the order rows inserted one by one").await;
+    let backlog_reads = reads as f64 / WAITING as f64;
+    eprintln!(
+        "{WAITING} rows of a down destination waiting: {reads} fresh-index entries read in {window:.1?} \
+         ({backlog_reads:.1} times the backlog) while {} rows of the other were published one by one",
+        one_by_one.len()
+    );
+    assert!(
+        backlog_reads <= MAX_BACKLOG_READS_PER_SECOND * window.as_secs_f64(),
+        "the claims read {reads} entries of the fresh index in {window:?}, {backlog_reads:.1} times the \
+         {WAITING} waiting rows (at most {MAX_BACKLOG_READS_PER_SECOND} times a second expected)"
+    );
+
+    // Behind every row claimed so far, as a row committed late or given
+    // back after an outage is: a sweep from the oldest row finds it.
+    let behind = Rows::pending(1).created_ago(3_600).insert(&db).await;
+    assert_eq!(
+        distinct(&sqs_ids(&orders, 1).await),
+        id_set(&behind),
+        "an order row older than every row claimed"
+    );
+    all_published(&db, &behind, "an order row older than every row claimed").await;
+
+    assert_eq!(
+        count_of(&db, &waiting, "published_at IS NOT NULL").await,
+        0,
+        "nothing of ledger is published while it is cut off"
+    );
+    nothing_charged_while_down(&db, &waiting).await;
+    proxy.refuse(false);
+    let received = rabbit_receive_all(&ledger, &id_set(&waiting)).await;
+    assert_eq!(
+        distinct(&received),
+        id_set(&waiting),
+        "every ledger row once it is back"
+    );
+    recovered(&db, port, ("ledger", "rabbitmq"), &waiting).await;
     assert!(
         relay.child.try_wait().expect("relay status").is_none(),
         "the relay exited"

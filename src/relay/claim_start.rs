@@ -25,16 +25,13 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use uuid::Uuid;
-
 use crate::store::ClaimStart;
 
 /// How long a worker goes at most without a claim from the oldest row.
 pub const FROM_OLDEST_EVERY: Duration = Duration::from_secs(1);
 
 /// A row's place in the claim's `(created_at, id)` order.
-pub type RowKey = (DateTime<Utc>, Uuid);
+pub use crate::store::RowKey;
 
 /// Which rows a claim was allowed to take (its destinations and whether
 /// unrouted rows were taken), as far as the frontier is concerned: a
@@ -124,6 +121,8 @@ impl ClaimStarts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::DateTime;
+    use uuid::Uuid;
 
     fn at(seconds: i64) -> RowKey {
         (

@@ -19,6 +19,7 @@ mod decide;
 mod destination;
 mod health;
 mod settings;
+mod windows;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,7 @@ use crate::sink::Outcome;
 pub use crate::store::OnPublish;
 use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, Store, StoreError};
 use claim_start::{ClaimFrontier, ClaimScope, ClaimStarts};
+use windows::{ClaimWindows, Taken, WINDOW_ROWS};
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -130,6 +132,8 @@ pub struct Relay {
     catch_up: Arc<CatchUp>,
     /// Where the workers' claims start while catching up.
     frontier: ClaimFrontier,
+    /// Where claims read while some destination's rows are left out.
+    windows: ClaimWindows,
     database_outage: Mutex<Outage>,
     health: Arc<RelayHealth>,
     /// Failures and quarantines of rows no destination was chosen for.
@@ -188,6 +192,7 @@ impl Relay {
             config,
             catch_up: Arc::default(),
             frontier: ClaimFrontier::default(),
+            windows: ClaimWindows::default(),
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
@@ -305,11 +310,31 @@ impl Relay {
                 scope.push(plan.unrouted);
                 scope
             });
-            let start = match &scope {
-                Some(scope) => starts.next(&self.frontier, scope, claimed_at),
-                None => ClaimStart::Oldest,
+            // A claim that leaves some destination's rows out reads one
+            // window of the fresh index (see windows.rs); a probe reads
+            // only its destination's rows, the oldest of which come first.
+            let window = match &scope {
+                // Ordered claims read from the oldest row whatever they are given.
+                Some(scope) if filter.is_some() && self.config.ordering == Ordering::None => {
+                    Some(self.windows.next(scope, claimed_at))
+                }
+                _ => None,
             };
-            let claim = if confirmed.rows.is_empty() {
+            let (measured, unmeasured) = match window {
+                Some(window) => match self.store.fresh_window(window.from, WINDOW_ROWS).await {
+                    Ok(measured) => (measured, None),
+                    Err(e) => (None, Some(e)),
+                },
+                None => (None, None),
+            };
+            let start = match (&scope, window) {
+                (_, Some(window)) => window.start(measured),
+                (Some(scope), None) => starts.next(&self.frontier, scope, claimed_at),
+                (None, None) => ClaimStart::Oldest,
+            };
+            let claim = if let Some(e) = unmeasured {
+                Err(e)
+            } else if confirmed.rows.is_empty() {
                 self.store
                     .claim_from(
                         budget,
@@ -334,20 +359,33 @@ impl Relay {
                     )
                     .await
             };
+            let mut sweep_on = false;
             let batch = match claim {
                 Ok(batch) => {
-                    if let Some(scope) = &scope {
+                    let last_taken = batch
+                        .events
+                        .iter()
+                        .map(|event| (event.created_at, event.id))
+                        .max();
+                    if let (Some(scope), Some(window)) = (&scope, window) {
+                        sweep_on = self.windows.claimed(
+                            scope,
+                            window,
+                            measured,
+                            Taken::of(batch.events.len() + batch.unpublishable.len(), last_taken),
+                            claimed_at.elapsed(),
+                        );
+                        if !batch.interrupted.is_empty() {
+                            self.windows.sweep_soon();
+                        }
+                    } else if let Some(scope) = &scope {
                         starts.claimed(
                             &self.frontier,
                             scope,
                             start,
                             claimed_at,
                             batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
-                            batch
-                                .events
-                                .iter()
-                                .map(|event| (event.created_at, event.id))
-                                .max(),
+                            last_taken,
                         );
                     }
                     starts.took_interrupted(!batch.interrupted.is_empty());
@@ -358,6 +396,9 @@ impl Relay {
                     batch
                 }
                 Err(e) if e.is_contention() => {
+                    if let (Some(scope), Some(window)) = (&scope, window) {
+                        self.windows.failed(scope, window);
+                    }
                     // Another worker's statement was in the way; nothing
                     // was claimed or recorded, and the database is fine.
                     debug!(worker, error = %e, "claim gave way to another worker's statement; trying again");
@@ -368,6 +409,9 @@ impl Relay {
                     continue;
                 }
                 Err(e) => {
+                    if let (Some(scope), Some(window)) = (&scope, window) {
+                        self.windows.failed(scope, window);
+                    }
                     self.health.claim_failed(&e);
                     self.metrics.ready.set(0);
                     if let Some(probed) = plan.probe {
@@ -382,6 +426,10 @@ impl Relay {
             let claimed_rows = batch.events.len() + batch.unpublishable.len();
             if claimed_rows >= self.config.batch_size as usize {
                 self.catch_up.full_claim();
+            }
+            if claimed_rows == 0 && sweep_on {
+                // The sweep's next window, at once.
+                continue;
             }
             if claimed_rows == 0 {
                 if let Some(probed) = plan.probe {

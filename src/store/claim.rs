@@ -137,14 +137,41 @@ pub enum ClaimStart {
     /// entries that published rows leave before it until VACUUM removes
     /// them, and misses any due row before it.
     From(chrono::DateTime<chrono::Utc>, Uuid),
+    /// From `from` (`None`: the oldest row) up to `to` inclusive (`None`:
+    /// no end), as [`Store::fresh_window`](super::Store::fresh_window)
+    /// measures one. Only a routed claim honours the end: it is how a claim
+    /// that leaves a destination's rows out is kept from stepping over all
+    /// of them (see relay/windows.rs); an unrouted claim reads on past it.
+    Window {
+        from: Option<RowKey>,
+        to: Option<RowKey>,
+    },
 }
+
+/// A row's place in the claim's `(created_at, id)` order.
+pub type RowKey = (chrono::DateTime<chrono::Utc>, Uuid);
 
 impl ClaimStart {
     /// The claim's parameters: NULL reads from the oldest row.
     pub(super) fn position(self) -> (Option<chrono::DateTime<chrono::Utc>>, Option<Uuid>) {
         match self {
-            Self::Oldest => (None, None),
-            Self::From(created_at, id) => (Some(created_at), Some(id)),
+            Self::Oldest | Self::Window { from: None, .. } => (None, None),
+            Self::From(created_at, id)
+            | Self::Window {
+                from: Some((created_at, id)),
+                ..
+            } => (Some(created_at), Some(id)),
+        }
+    }
+
+    /// Where a routed claim stops reading: NULL reads to the newest row.
+    pub(super) fn end(self) -> (Option<chrono::DateTime<chrono::Utc>>, Option<Uuid>) {
+        match self {
+            Self::Window {
+                to: Some((created_at, id)),
+                ..
+            } => (Some(created_at), Some(id)),
+            _ => (None, None),
         }
     }
 }

@@ -29,7 +29,7 @@ use claim::claimed_event;
 
 pub use admin::{QuarantineCursor, QuarantinedRow, RetentionBatch, ADMIN_TIMEOUT, READ_TIMEOUT};
 pub use backlog::{Backlog, BacklogCounts, GaugeReading, COUNT_CAP, STUCK_SCAN};
-pub use claim::{ClaimBudget, ClaimStart, Claimed, OnPublish, Ordering, Unpublishable};
+pub use claim::{ClaimBudget, ClaimStart, Claimed, OnPublish, Ordering, RowKey, Unpublishable};
 pub use columns::{
     check_columns, check_table, report as report_table_check, Column, Finding, Severity, UnusableTable,
 };
@@ -115,6 +115,7 @@ struct Statements {
     quarantine: String,
     defer: String,
     give_back: String,
+    fresh_window: String,
 }
 
 /// Every claim statement, each twice, indexed by whether the table has
@@ -165,12 +166,15 @@ impl ClaimStatements {
         };
         // The filter's parameters follow all the others of its statement.
         let filter = |column: &str, first_parameter: usize| route_filter(column, first_parameter, routes);
+        // A routed claim's window ends after its filter's parameters.
+        let window_end = |first_parameter: usize| window_end(first_parameter, routes);
         // The unordered claims' fifth and sixth parameters are where their
         // fresh path starts (see claim.sql).
         let plain_claim = include_str!("sql/claim.sql")
             .replace("{finish}", "")
             .replace("{not_finished}", "")
-            .replace("{route_filter}", &filter("event_type", 7));
+            .replace("{route_filter}", &filter("event_type", 7))
+            .replace("{window_end}", &window_end(9));
         // The recording statement, its pairs moved to $7 and $8 after the
         // claim's six parameters.
         let claim_after = |record: &str| {
@@ -182,7 +186,8 @@ impl ClaimStatements {
                 &include_str!("sql/claim.sql")
                     .replace("{finish}", &finish)
                     .replace("{not_finished}", NOT_FINISHED)
-                    .replace("{route_filter}", &filter("event_type", 9)),
+                    .replace("{route_filter}", &filter("event_type", 9))
+                    .replace("{window_end}", &window_end(11)),
             )
         };
         let ordered =
@@ -217,6 +222,33 @@ fn push_filter<'a>(params: &mut Vec<Param<'a>>, filter: Option<&'a RouteFilter>)
         params.push((&filter.patterns, Type::TEXT_ARRAY));
         params.push((&filter.take, Type::BOOL_ARRAY));
     }
+}
+
+/// The route filter's parameters and, after them, where a routed claim's
+/// window ends (see [`ClaimStart::Window`]).
+fn push_filter_and_end<'a>(
+    params: &mut Vec<Param<'a>>,
+    filter: Option<&'a RouteFilter>,
+    end: &'a (Option<chrono::DateTime<chrono::Utc>>, Option<Uuid>),
+) {
+    push_filter(params, filter);
+    if filter.is_some() {
+        params.push((&end.0, Type::TIMESTAMPTZ));
+        params.push((&end.1, Type::UUID));
+    }
+}
+
+/// Where a routed claim's fresh path stops (`$first` timestamptz and
+/// `$first+1` uuid, inclusive; NULL reads to the newest row); nothing for
+/// a claim without routes.
+fn window_end(first: usize, routes: usize) -> String {
+    if routes == 0 {
+        return String::new();
+    }
+    let (created_at, id) = (first, first + 1);
+    format!(
+        "\n      AND (created_at, id) <= (COALESCE(${created_at}::timestamptz, 'infinity'),\n                               COALESCE(${id}::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))"
+    )
 }
 
 /// The condition that keeps a claim to the rows of the destinations it may
@@ -258,6 +290,7 @@ impl Statements {
             quarantine: render(&with_last_error_room(include_str!("sql/quarantine.sql"))),
             defer: render(include_str!("sql/defer.sql")),
             give_back: render(include_str!("sql/give_back.sql")),
+            fresh_window: render(include_str!("sql/fresh_window.sql")),
         }
     }
 }
@@ -614,6 +647,7 @@ impl Store {
     ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
         let (from, from_id) = start.position();
+        let end = start.end();
         self.with_current_columns(|| async {
             let sql = &match ordering {
                 Ordering::None => &claims.claim,
@@ -624,8 +658,10 @@ impl Store {
             if ordering == Ordering::None {
                 params.push((&from, Type::TIMESTAMPTZ));
                 params.push((&from_id, Type::UUID));
+                push_filter_and_end(&mut params, filter, &end);
+            } else {
+                push_filter(&mut params, filter);
             }
-            push_filter(&mut params, filter);
             let plan = match ordering {
                 Ordering::None => Plan::Generic,
                 // Their statements are not written for a generic plan.
@@ -713,6 +749,7 @@ impl Store {
     ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
         let (from, from_id) = start.position();
+        let end = start.end();
         self.with_current_columns(|| async {
             let sql = &match on_publish {
                 OnPublish::Mark => &claims.claim_after_mark,
@@ -724,7 +761,7 @@ impl Store {
                 (&ids, Type::UUID_ARRAY),
                 (&attempts, Type::INT4_ARRAY),
             ];
-            push_filter(&mut params, filter);
+            push_filter_and_end(&mut params, filter, &end);
             self.run_claim(sql, Plan::Generic, budget, lease, &params).await
         })
         .await
@@ -931,6 +968,36 @@ impl Store {
             ],
         )
         .await
+    }
+
+    /// Measures the window of a routed claim from `from` (`None`: the
+    /// oldest row; see [`ClaimStart::Window`]): the key of the `rows`-th
+    /// row waiting in the fresh index from there, or of its newest row when
+    /// fewer remain, and how many rows that is. `None` when none is there.
+    pub async fn fresh_window(
+        &self,
+        from: Option<RowKey>,
+        rows: i64,
+    ) -> Result<Option<(RowKey, i64)>, StoreError> {
+        let (created_at, id) = (from.map(|key| key.0), from.map(|key| key.1));
+        let client = self.connection().await?;
+        let found = bounded(async {
+            Ok(Session::client(self.pooler, &client)
+                .query(
+                    &self.sql.fresh_window,
+                    &[
+                        (&created_at, Type::TIMESTAMPTZ),
+                        (&id, Type::UUID),
+                        (&rows, Type::INT8),
+                    ],
+                )
+                .await?)
+        })
+        .await;
+        Ok(match found?.first() {
+            Some(row) => Some(((row.try_get(0)?, row.try_get(1)?), row.try_get(2)?)),
+            None => None,
+        })
     }
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {

@@ -69,6 +69,13 @@
 -- taken) without locking or updating them; nothing is written for them
 -- until the destination is back.
 --
+-- The window end placeholder is empty, or, in a routed claim, where its
+-- fresh path stops (inclusive; NULL: nowhere): a claim that leaves some
+-- destination's rows out reads the fresh index in bounded windows (see
+-- relay/windows.rs), so that no claim steps over more than a window of
+-- the waiting rows, however many there are. Written like the start, so
+-- that it stays an index condition in a generic plan.
+--
 -- The finish placeholder after WITH is empty, or claim_finish.sql: the
 -- worker's previous batch recorded in this same statement. Both paths'
 -- last condition then keeps the rows it records out of the claim: were
@@ -97,7 +104,7 @@ untried AS (
       AND next_attempt_at <= now()
       AND (leased_until IS NULL OR leased_until <= now()){not_finished}{route_filter}
       AND (created_at, id) >= (COALESCE($5::timestamptz, '-infinity'),
-                               COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
+                               COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000')){window_end}
     ORDER BY created_at, id
     LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE SKIP LOCKED

@@ -1,0 +1,474 @@
+//! Where the claims of a relay that leaves some destination's rows out
+//! read the rows that never failed.
+//!
+//! While a destination is down its rows wait where they are, unwritten, in
+//! the fresh index that the claims walk in `(created_at, id)` order, and
+//! the claims for the other destinations filter them out row by row (see
+//! store/sql/claim.sql). A claim from the oldest row steps over every one
+//! of them: half a second a claim per million waiting rows measured on one
+//! machine, far more from disk, and past `statement_timeout` the claims
+//! fail and the destinations that are up stall with the one that is down.
+//!
+//! So such claims read in windows: each first measures how far
+//! [`WINDOW_ROWS`] rows of the fresh index reach from where it starts
+//! ([`Store::fresh_window`](crate::store::Store::fresh_window)), and reads
+//! no further, whatever it finds or filters out. Two positions move
+//! forward as the windows come back, shared by the relay's workers:
+//!
+//! - the **tail**, where claims read: past every row a window found
+//!   nothing to take in, so it stays near the newest rows, behind them by
+//!   [`LATE_COMMIT_MARGIN`] for rows that commit after newer ones (a
+//!   producer's transaction that started earlier);
+//! - a **sweep** from the oldest row to the newest, one window at a time,
+//!   that finds what became due behind the tail: rows given back after an
+//!   outage or a crash, left by a relay that died, released, replayed, or
+//!   committed later than the margin. A sweep starts at most every
+//!   [`SWEEP_EVERY`], and no sooner after the last than
+//!   [`SWEEP_COST_SHARE`] times what its windows cost, so that sweeping
+//!   takes a bounded share of one connection however many rows wait. Such
+//!   a row waits for the next sweep to reach it: longer than the second a
+//!   claim from the oldest row takes to find it while every destination is
+//!   up, never forever.
+//!
+//! Until a sweep has reached the newest row once for the destinations
+//! open now, there is no tail: every worker's claims follow that first
+//! sweep, which is then the drain.
+//!
+//! A claim with every destination open has nothing to filter out and does
+//! not use windows (see claim_start.rs).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::store::{ClaimStart, RowKey};
+
+use super::claim_start::ClaimScope;
+
+/// The most rows of the fresh index a windowed claim reads, waiting rows
+/// of other destinations included.
+pub const WINDOW_ROWS: i64 = 2_000;
+
+/// How far behind the newest row a window reached the tail is left, for
+/// rows committed after newer ones.
+pub const LATE_COMMIT_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
+
+/// The shortest time between the starts of two sweeps.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// A sweep starts no sooner after the last one started than this many
+/// times what the last one's windows cost.
+pub const SWEEP_COST_SHARE: u32 = 10;
+
+/// One claim's window, as [`ClaimWindows::next`] hands it to a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Where it starts: `None` is the oldest row.
+    pub from: Option<RowKey>,
+    kind: Kind,
+    /// Which positions it belongs to: a window handed out before the open
+    /// destinations changed tells nothing about the new ones'.
+    generation: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// From the tail.
+    Tail,
+    /// The next window of the sweep, which this worker alone reads.
+    Sweep,
+    /// The first sweep for these destinations, which every worker follows.
+    FirstSweep,
+}
+
+impl Window {
+    /// The claim's start for a window measured as `measured` (the last row
+    /// of the window and how many rows it holds; `None`: none from here):
+    /// a window that holds fewer than [`WINDOW_ROWS`] rows reaches the
+    /// newest row, and its claim reads to the end.
+    pub fn start(&self, measured: Option<(RowKey, i64)>) -> ClaimStart {
+        let to = match measured {
+            Some((last, rows)) if rows >= WINDOW_ROWS => Some(last),
+            _ => None,
+        };
+        ClaimStart::Window { from: self.from, to }
+    }
+}
+
+/// What a windowed claim took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    Nothing,
+    /// Rows up to this one, the last in `(created_at, id)` order.
+    UpTo(RowKey),
+    /// Only rows it cannot publish, whose place it does not read.
+    Unplaced,
+}
+
+impl Taken {
+    /// What a claim that returned `rows` rows took, `last` the last of
+    /// those it can publish.
+    pub fn of(rows: usize, last: Option<RowKey>) -> Self {
+        match (rows, last) {
+            (_, Some(last)) => Self::UpTo(last),
+            (0, None) => Self::Nothing,
+            (_, None) => Self::Unplaced,
+        }
+    }
+}
+
+/// The windows of a relay's claims for the destinations open now.
+#[derive(Debug, Default)]
+pub struct ClaimWindows {
+    state: Mutex<Option<(ClaimScope, Positions)>>,
+    generations: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct Positions {
+    generation: u64,
+    /// Where claims read; `None` until a sweep has reached the newest row.
+    tail: Option<Option<RowKey>>,
+    sweep: Option<Sweep>,
+    /// When the last sweep started, and what its windows cost.
+    last_sweep: Option<(Instant, Duration)>,
+    /// A sweep is wanted now: rows were given back behind the tail.
+    sweep_wanted: bool,
+}
+
+#[derive(Debug)]
+struct Sweep {
+    position: Option<RowKey>,
+    /// A worker is reading its next window.
+    busy: bool,
+    started: Instant,
+    cost: Duration,
+}
+
+impl Positions {
+    fn first(generation: u64, now: Instant) -> Self {
+        Self {
+            generation,
+            tail: None,
+            sweep: Some(Sweep {
+                position: None,
+                busy: false,
+                started: now,
+                cost: Duration::ZERO,
+            }),
+            last_sweep: None,
+            sweep_wanted: false,
+        }
+    }
+
+    fn sweep_due(&self, now: Instant) -> bool {
+        self.sweep_wanted
+            || self.last_sweep.is_none_or(|(started, cost)| {
+                now.saturating_duration_since(started) >= SWEEP_EVERY.max(cost * SWEEP_COST_SHARE)
+            })
+    }
+}
+
+impl ClaimWindows {
+    /// The window of the next claim for `scope` made `now`.
+    pub fn next(&self, scope: &ClaimScope, now: Instant) -> Window {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.as_ref().is_none_or(|(current, _)| current != scope) {
+            let generation = self
+                .generations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *state = Some((scope.clone(), Positions::first(generation, now)));
+        }
+        let positions = &mut state.as_mut().expect("set above").1;
+        let generation = positions.generation;
+        let Some(tail) = positions.tail else {
+            let position = positions.sweep.as_ref().and_then(|sweep| sweep.position);
+            return Window {
+                from: position,
+                kind: Kind::FirstSweep,
+                generation,
+            };
+        };
+        if positions.sweep.is_none() && positions.sweep_due(now) {
+            positions.sweep_wanted = false;
+            positions.sweep = Some(Sweep {
+                position: None,
+                busy: false,
+                started: now,
+                cost: Duration::ZERO,
+            });
+        }
+        match positions.sweep.as_mut() {
+            Some(sweep) if !sweep.busy => {
+                sweep.busy = true;
+                Window {
+                    from: sweep.position,
+                    kind: Kind::Sweep,
+                    generation,
+                }
+            }
+            _ => Window {
+                from: tail,
+                kind: Kind::Tail,
+                generation,
+            },
+        }
+    }
+
+    /// Records the claim of `window` for `scope`: how it was `measured`
+    /// (as for [`Window::start`]), what it took (`Taken`), and what
+    /// measuring and claiming cost. Returns whether the worker should claim
+    /// again at once, even if it took nothing: a sweep has more windows to
+    /// read.
+    pub fn claimed(
+        &self,
+        scope: &ClaimScope,
+        window: Window,
+        measured: Option<(RowKey, i64)>,
+        taken: Taken,
+        cost: Duration,
+    ) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((current, positions)) = state.as_mut() else {
+            return false;
+        };
+        if current != scope || positions.generation != window.generation {
+            return false;
+        }
+        let newest_reached = measured.is_none_or(|(_, rows)| rows < WINDOW_ROWS);
+        // Every row before the last one taken was taken or had nothing to
+        // take; past it, rows a full claim left are still there. A window
+        // with nothing taken had nothing to take up to its end.
+        let reached = match (taken, measured) {
+            (Taken::UpTo(last), _) => Some(last),
+            // Rows it cannot publish carry no place: it got no further.
+            (Taken::Unplaced, _) => window.from,
+            (Taken::Nothing, Some((end, _))) if newest_reached => {
+                Some((end.0 - LATE_COMMIT_MARGIN, uuid::Uuid::nil()))
+            }
+            (Taken::Nothing, Some((end, _))) => Some(end),
+            (Taken::Nothing, None) => window.from,
+        };
+        match window.kind {
+            Kind::Tail => {
+                if let Some(tail) = positions.tail.as_mut() {
+                    *tail = (*tail).max(reached);
+                }
+                false
+            }
+            Kind::Sweep | Kind::FirstSweep => {
+                let Some(sweep) = positions.sweep.as_mut() else {
+                    return false;
+                };
+                sweep.position = sweep.position.max(reached);
+                sweep.cost += cost;
+                if window.kind == Kind::Sweep {
+                    sweep.busy = false;
+                }
+                if !newest_reached {
+                    return true;
+                }
+                let reached = sweep.position;
+                positions.last_sweep = Some((sweep.started, sweep.cost));
+                positions.sweep = None;
+                positions.tail = Some(positions.tail.map_or(reached, |tail| tail.max(reached)));
+                false
+            }
+        }
+    }
+
+    /// Records that the claim of `window` failed: its sweep window is
+    /// read again by the next claim.
+    pub fn failed(&self, scope: &ClaimScope, window: Window) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((current, positions)) = state.as_mut() {
+            if current == scope && positions.generation == window.generation && window.kind == Kind::Sweep {
+                if let Some(sweep) = positions.sweep.as_mut() {
+                    sweep.busy = false;
+                }
+            }
+        }
+    }
+
+    /// Asks for a sweep as soon as none is running: rows were given back
+    /// behind the tail.
+    pub fn sweep_soon(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, positions)) = state.as_mut() {
+            positions.sweep_wanted = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::DateTime;
+    use uuid::Uuid;
+
+    fn at(seconds: i64) -> RowKey {
+        (
+            DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap(),
+            Uuid::from_u128(seconds as u128),
+        )
+    }
+
+    /// `at(seconds)` less the margin left for late commits.
+    fn behind(seconds: i64) -> Option<RowKey> {
+        Some((at(seconds).0 - LATE_COMMIT_MARGIN, Uuid::nil()))
+    }
+
+    fn one_down() -> ClaimScope {
+        vec![true, false, true]
+    }
+
+    const FULL: i64 = WINDOW_ROWS;
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Windows whose first sweep has reached the newest row at `at(100)`.
+    fn swept(now: Instant) -> ClaimWindows {
+        let windows = ClaimWindows::default();
+        let window = windows.next(&one_down(), now);
+        windows.claimed(&one_down(), window, Some((at(100), 5)), Taken::Nothing, MS);
+        windows
+    }
+
+    #[test]
+    fn a_window_that_holds_fewer_rows_than_it_could_reads_to_the_newest_row() {
+        let window = ClaimWindows::default().next(&one_down(), Instant::now());
+        assert_eq!(
+            window.start(Some((at(10), FULL))),
+            ClaimStart::Window {
+                from: None,
+                to: Some(at(10))
+            }
+        );
+        assert_eq!(
+            window.start(Some((at(10), FULL - 1))),
+            ClaimStart::Window { from: None, to: None }
+        );
+        assert_eq!(window.start(None), ClaimStart::Window { from: None, to: None });
+    }
+
+    #[test]
+    fn every_worker_follows_the_first_sweep_until_it_reaches_the_newest_row() {
+        let windows = ClaimWindows::default();
+        let now = Instant::now();
+        let (one, two) = (windows.next(&one_down(), now), windows.next(&one_down(), now));
+        assert_eq!((one.from, two.from), (None, None));
+        // Nothing to take in a full window of waiting rows: on at once.
+        assert!(windows.claimed(&one_down(), one, Some((at(10), FULL)), Taken::Nothing, MS));
+        // A full claim took rows up to at(5) in the same window.
+        assert!(windows.claimed(&one_down(), two, Some((at(10), FULL)), Taken::UpTo(at(5)), MS));
+        let three = windows.next(&one_down(), now);
+        assert_eq!(three.from, Some(at(10)), "the furthest either reached");
+        assert!(!windows.claimed(&one_down(), three, Some((at(20), 7)), Taken::Nothing, MS));
+        let tail = windows.next(&one_down(), now);
+        assert_eq!(
+            tail.from,
+            behind(20),
+            "the tail, behind the newest row by the margin"
+        );
+        assert!(!windows.claimed(&one_down(), tail, Some((at(30), 3)), Taken::UpTo(at(25)), MS));
+        assert_eq!(
+            windows.next(&one_down(), now).from,
+            Some(at(25)),
+            "past the last row taken"
+        );
+    }
+
+    #[test]
+    fn a_claim_of_unpublishable_rows_only_moves_nothing() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let tail = windows.next(&one_down(), now);
+        windows.claimed(&one_down(), tail, Some((at(200), 5)), Taken::of(3, None), MS);
+        assert_eq!(windows.next(&one_down(), now).from, behind(100));
+    }
+
+    #[test]
+    fn the_tail_never_moves_back() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let (one, two) = (windows.next(&one_down(), now), windows.next(&one_down(), now));
+        windows.claimed(&one_down(), one, Some((at(200), 5)), Taken::UpTo(at(150)), MS);
+        windows.claimed(&one_down(), two, Some((at(120), 5)), Taken::UpTo(at(110)), MS);
+        assert_eq!(windows.next(&one_down(), now).from, Some(at(150)));
+    }
+
+    #[test]
+    fn one_worker_at_a_time_sweeps_from_the_oldest_row_while_the_others_read_the_tail() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let later = now + SWEEP_EVERY;
+        let sweeping = windows.next(&one_down(), later);
+        assert_eq!(sweeping.from, None, "a new sweep from the oldest row");
+        let other = windows.next(&one_down(), later);
+        assert_eq!(
+            other.from,
+            behind(100),
+            "the tail while a window of the sweep is read"
+        );
+        assert!(windows.claimed(&one_down(), sweeping, Some((at(50), FULL)), Taken::Nothing, MS));
+        let sweeping = windows.next(&one_down(), later);
+        assert_eq!(sweeping.from, Some(at(50)), "the sweep's next window");
+        assert!(!windows.claimed(&one_down(), sweeping, Some((at(300), 9)), Taken::Nothing, MS));
+        assert_eq!(
+            windows.next(&one_down(), later).from,
+            behind(300),
+            "the sweep reached the newest row: the tail with it"
+        );
+    }
+
+    #[test]
+    fn a_failed_sweep_window_is_read_again_by_the_next_claim() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let later = now + SWEEP_EVERY;
+        let sweeping = windows.next(&one_down(), later);
+        windows.failed(&one_down(), sweeping);
+        assert_eq!(windows.next(&one_down(), later).from, None);
+    }
+
+    #[test]
+    fn sweeps_take_a_bounded_share_of_the_time() {
+        let windows = ClaimWindows::default();
+        let now = Instant::now();
+        let window = windows.next(&one_down(), now);
+        // A first sweep whose windows cost half a second.
+        windows.claimed(
+            &one_down(),
+            window,
+            Some((at(100), 5)),
+            Taken::Nothing,
+            Duration::from_millis(500),
+        );
+        let tail = behind(100);
+        assert_eq!(windows.next(&one_down(), now + Duration::from_secs(4)).from, tail);
+        assert_eq!(windows.next(&one_down(), now + Duration::from_secs(5)).from, None);
+    }
+
+    #[test]
+    fn rows_given_back_behind_the_tail_start_a_sweep_at_once() {
+        let now = Instant::now();
+        let windows = swept(now);
+        assert_eq!(windows.next(&one_down(), now).from, behind(100));
+        windows.sweep_soon();
+        assert_eq!(windows.next(&one_down(), now).from, None);
+    }
+
+    #[test]
+    fn other_destinations_open_start_over_and_ignore_windows_handed_out_before() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let stale = windows.next(&one_down(), now);
+        let other = vec![false, true, true];
+        assert_eq!(windows.next(&other, now).from, None, "a first sweep of its own");
+        assert_eq!(
+            windows.next(&one_down(), now).from,
+            None,
+            "and back: from the oldest row again"
+        );
+        assert!(!windows.claimed(&one_down(), stale, Some((at(500), 1)), Taken::UpTo(at(400)), MS));
+        assert_eq!(windows.next(&one_down(), now).from, None);
+    }
+}
