@@ -909,6 +909,16 @@ async fn recovered(db: &TestDb, port: u16, back: (&str, &str), ids: &[Uuid]) {
     .await;
 }
 
+/// The end of an outage test: the relay lived through it; the queues go.
+async fn still_running_then_clean_up(mut relay: RelayProcess, orders: TestQueue, ledger: TestBroker) {
+    assert!(
+        relay.child.try_wait().expect("relay status").is_none(),
+        "the relay exited"
+    );
+    orders.cleanup().await;
+    ledger.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_destination_whose_queue_is_full_holds_back_only_its_rows() {
     // Room for more than the test's ledger rows once purged, so that they
@@ -926,7 +936,7 @@ async fn a_destination_whose_queue_is_full_holds_back_only_its_rows() {
         order_ids.extend(db.insert_events(30, "order.created").await);
         ledger_ids.extend(db.insert_events(12, "ledger.entry").await);
     }
-    let mut relay = start_relay(&db, &file, &[]);
+    let relay = start_relay(&db, &file, &[]);
 
     let got = sqs_ids(&orders, order_ids.len()).await;
     assert_eq!(
@@ -971,12 +981,7 @@ async fn a_destination_whose_queue_is_full_holds_back_only_its_rows() {
         ledger_ids.len()
     );
     recovered(&db, port, ("ledger", "rabbitmq"), &ledger_ids).await;
-    assert!(
-        relay.child.try_wait().expect("relay status").is_none(),
-        "the relay exited"
-    );
-    orders.cleanup().await;
-    ledger.cleanup().await;
+    still_running_then_clean_up(relay, orders, ledger).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -991,7 +996,7 @@ async fn a_destination_cut_off_mid_drain_holds_back_only_its_rows() {
     let file = orders_and_ledger(port, &orders, &sqs_endpoint(), &ledger, &ledger_url);
     let first_orders = db.insert_events(10, "order.created").await;
     let first_ledger = db.insert_events(10, "ledger.entry").await;
-    let mut relay = start_relay(&db, &file, &[]);
+    let relay = start_relay(&db, &file, &[]);
     assert_eq!(
         distinct(&sqs_ids(&orders, 10).await),
         id_set(&first_orders),
@@ -1049,12 +1054,7 @@ async fn a_destination_cut_off_mid_drain_holds_back_only_its_rows() {
         received.len()
     );
     recovered(&db, port, ("ledger", "rabbitmq"), &ledger_ids).await;
-    assert!(
-        relay.child.try_wait().expect("relay status").is_none(),
-        "the relay exited"
-    );
-    orders.cleanup().await;
-    ledger.cleanup().await;
+    still_running_then_clean_up(relay, orders, ledger).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1083,7 +1083,7 @@ async fn a_destination_denying_every_request_holds_back_only_its_rows() {
         order_ids.extend(db.insert_events(60, "order.created").await);
         ledger_ids.extend(db.insert_events(400, "ledger.entry").await);
     }
-    let mut relay = start_relay(&db, &file, &[]);
+    let relay = start_relay(&db, &file, &[]);
 
     let received = rabbit_receive_all(&ledger, &id_set(&ledger_ids)).await;
     assert_eq!(
@@ -1141,12 +1141,7 @@ async fn a_destination_denying_every_request_holds_back_only_its_rows() {
         "destination orders gets every row once requests are allowed again"
     );
     recovered(&db, port, ("orders", "sqs"), &order_ids).await;
-    assert!(
-        relay.child.try_wait().expect("relay status").is_none(),
-        "the relay exited"
-    );
-    orders.cleanup().await;
-    ledger.cleanup().await;
+    still_running_then_clean_up(relay, orders, ledger).await;
 }
 
 /// Index entries of the fresh index read so far, as PostgreSQL's
@@ -1178,7 +1173,7 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
     let port = free_port();
     let file = orders_and_ledger(port, &orders, &sqs_endpoint(), &ledger, &ledger_url);
     let first_ledger = db.insert_events(1, "ledger.entry").await;
-    let mut relay = start_relay(&db, &file, &[]);
+    let relay = start_relay(&db, &file, &[]);
     rabbit_receive_all(&ledger, &id_set(&first_ledger)).await;
     all_published(&db, &first_ledger, "the first ledger row").await;
 
@@ -1255,12 +1250,7 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
         "every ledger row once it is back"
     );
     recovered(&db, port, ("ledger", "rabbitmq"), &waiting).await;
-    assert!(
-        relay.child.try_wait().expect("relay status").is_none(),
-        "the relay exited"
-    );
-    orders.cleanup().await;
-    ledger.cleanup().await;
+    still_running_then_clean_up(relay, orders, ledger).await;
 }
 
 // -------------------------------------------------------------- ordering
