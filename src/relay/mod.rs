@@ -359,7 +359,7 @@ impl Relay {
                     )
                     .await
             };
-            let mut sweep_on = false;
+            let mut claim_again = false;
             let batch = match claim {
                 Ok(batch) => {
                     let last_taken = batch
@@ -368,16 +368,23 @@ impl Relay {
                         .map(|event| (event.created_at, event.id))
                         .max();
                     if let (Some(scope), Some(window)) = (&scope, window) {
-                        sweep_on = self.windows.claimed(
+                        // Only a row on its first attempt surely came from
+                        // the window (a retried row comes from the retry
+                        // path, wherever its place): the window is read up
+                        // to the last of those, and no further.
+                        let last_in_window = batch
+                            .events
+                            .iter()
+                            .filter(|event| event.attempt_count == 1)
+                            .map(|event| (event.created_at, event.id))
+                            .max();
+                        claim_again = self.windows.claimed(
                             scope,
                             window,
                             measured,
-                            Taken::of(batch.events.len() + batch.unpublishable.len(), last_taken),
+                            Taken::of(batch.events.len() + batch.unpublishable.len(), last_in_window),
                             claimed_at.elapsed(),
                         );
-                        if !batch.interrupted.is_empty() {
-                            self.windows.sweep_soon();
-                        }
                     } else if let Some(scope) = &scope {
                         starts.claimed(
                             &self.frontier,
@@ -427,8 +434,8 @@ impl Relay {
             if claimed_rows >= self.config.batch_size as usize {
                 self.catch_up.full_claim();
             }
-            if claimed_rows == 0 && sweep_on {
-                // The sweep's next window, at once.
+            if claimed_rows == 0 && claim_again {
+                // The next window, at once.
                 continue;
             }
             if claimed_rows == 0 {
@@ -594,6 +601,11 @@ impl Relay {
                 given_back.iter().map(|row| (row.id, row.attempt)).unzip();
             let interrupted: Vec<bool> = ids.iter().map(|id| claimed.interrupted.contains(id)).collect();
             let early = self.store.give_back(&ids, &attempts, &interrupted).await;
+            if early.is_ok() {
+                // Back where they were, behind where the claims read while
+                // some destination's rows are left out.
+                self.windows.sweep_soon();
+            }
             debug!(
                 report = "interrupted_alone",
                 event_id = %due.first().map(|event| event.id).unwrap_or_default(),

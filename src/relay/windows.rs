@@ -15,10 +15,12 @@
 //! no further, whatever it finds or filters out. Two positions move
 //! forward as the windows come back, shared by the relay's workers:
 //!
-//! - the **tail**, where claims read: past every row a window found
-//!   nothing to take in, so it stays near the newest rows, behind them by
-//!   [`LATE_COMMIT_MARGIN`] for rows that commit after newer ones (a
-//!   producer's transaction that started earlier);
+//! - the **tail**, where claims read: past the last row a claim took, or
+//!   past every row a window found nothing to take in, so it stays near
+//!   the newest rows. When a window with nothing to take reached the
+//!   newest row, the tail stays [`LATE_COMMIT_MARGIN`] behind it, for rows
+//!   that commit after newer ones (a producer's transaction that started
+//!   earlier); past a row taken, such rows are the sweep's;
 //! - a **sweep** from the oldest row to the newest, one window at a time,
 //!   that finds what became due behind the tail: rows given back after an
 //!   outage or a crash, left by a relay that died, released, replayed, or
@@ -68,6 +70,9 @@ pub struct Window {
     /// Which positions it belongs to: a window handed out before the open
     /// destinations changed tells nothing about the new ones'.
     generation: u64,
+    /// Which sweep it belongs to: a window of the first sweep that comes
+    /// back after the next sweep has started tells nothing about that one.
+    sweep: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,10 +138,13 @@ struct Positions {
     last_sweep: Option<(Instant, Duration)>,
     /// A sweep is wanted now: rows were given back behind the tail.
     sweep_wanted: bool,
+    /// How many sweeps have started, the first included.
+    sweeps: u64,
 }
 
 #[derive(Debug)]
 struct Sweep {
+    number: u64,
     position: Option<RowKey>,
     /// A worker is reading its next window.
     busy: bool,
@@ -150,6 +158,7 @@ impl Positions {
             generation,
             tail: None,
             sweep: Some(Sweep {
+                number: 0,
                 position: None,
                 busy: false,
                 started: now,
@@ -157,6 +166,7 @@ impl Positions {
             }),
             last_sweep: None,
             sweep_wanted: false,
+            sweeps: 1,
         }
     }
 
@@ -181,16 +191,23 @@ impl ClaimWindows {
         let positions = &mut state.as_mut().expect("set above").1;
         let generation = positions.generation;
         let Some(tail) = positions.tail else {
-            let position = positions.sweep.as_ref().and_then(|sweep| sweep.position);
+            let (position, sweep) = positions
+                .sweep
+                .as_ref()
+                .map_or((None, 0), |sweep| (sweep.position, sweep.number));
             return Window {
                 from: position,
                 kind: Kind::FirstSweep,
                 generation,
+                sweep,
             };
         };
         if positions.sweep.is_none() && positions.sweep_due(now) {
             positions.sweep_wanted = false;
+            let number = positions.sweeps;
+            positions.sweeps += 1;
             positions.sweep = Some(Sweep {
+                number,
                 position: None,
                 busy: false,
                 started: now,
@@ -204,12 +221,14 @@ impl ClaimWindows {
                     from: sweep.position,
                     kind: Kind::Sweep,
                     generation,
+                    sweep: sweep.number,
                 }
             }
             _ => Window {
                 from: tail,
                 kind: Kind::Tail,
                 generation,
+                sweep: 0,
             },
         }
     }
@@ -218,7 +237,8 @@ impl ClaimWindows {
     /// (as for [`Window::start`]), what it took (`Taken`), and what
     /// measuring and claiming cost. Returns whether the worker should claim
     /// again at once, even if it took nothing: a sweep has more windows to
-    /// read.
+    /// read, or the tail is still behind a full window of rows it cannot
+    /// take.
     pub fn claimed(
         &self,
         scope: &ClaimScope,
@@ -253,15 +273,23 @@ impl ClaimWindows {
                 if let Some(tail) = positions.tail.as_mut() {
                     *tail = (*tail).max(reached);
                 }
-                false
+                // A full window it had nothing to take in: the next one
+                // at once, rather than after a poll's sleep.
+                !newest_reached && taken == Taken::Nothing
             }
             Kind::Sweep | Kind::FirstSweep => {
-                let Some(sweep) = positions.sweep.as_mut() else {
+                let Some(sweep) = positions
+                    .sweep
+                    .as_mut()
+                    .filter(|sweep| sweep.number == window.sweep)
+                else {
                     return false;
                 };
                 sweep.position = sweep.position.max(reached);
-                sweep.cost += cost;
                 if window.kind == Kind::Sweep {
+                    // The first sweep's claims are every worker's drain,
+                    // not the price of sweeping.
+                    sweep.cost += cost;
                     sweep.busy = false;
                 }
                 if !newest_reached {
@@ -282,7 +310,11 @@ impl ClaimWindows {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((current, positions)) = state.as_mut() {
             if current == scope && positions.generation == window.generation && window.kind == Kind::Sweep {
-                if let Some(sweep) = positions.sweep.as_mut() {
+                if let Some(sweep) = positions
+                    .sweep
+                    .as_mut()
+                    .filter(|sweep| sweep.number == window.sweep)
+                {
                     sweep.busy = false;
                 }
             }
@@ -431,20 +463,78 @@ mod tests {
 
     #[test]
     fn sweeps_take_a_bounded_share_of_the_time() {
-        let windows = ClaimWindows::default();
         let now = Instant::now();
-        let window = windows.next(&one_down(), now);
-        // A first sweep whose windows cost half a second.
+        let windows = swept(now);
+        let started = now + SWEEP_EVERY;
+        let sweeping = windows.next(&one_down(), started);
+        assert_eq!(sweeping.from, None);
+        // A sweep whose windows cost half a second.
         windows.claimed(
             &one_down(),
-            window,
+            sweeping,
             Some((at(100), 5)),
             Taken::Nothing,
             Duration::from_millis(500),
         );
         let tail = behind(100);
-        assert_eq!(windows.next(&one_down(), now + Duration::from_secs(4)).from, tail);
-        assert_eq!(windows.next(&one_down(), now + Duration::from_secs(5)).from, None);
+        assert_eq!(
+            windows.next(&one_down(), started + Duration::from_secs(4)).from,
+            tail
+        );
+        assert_eq!(
+            windows.next(&one_down(), started + Duration::from_secs(5)).from,
+            None
+        );
+    }
+
+    #[test]
+    fn the_first_sweep_is_the_drain_and_does_not_delay_the_next() {
+        let windows = ClaimWindows::default();
+        let now = Instant::now();
+        let window = windows.next(&one_down(), now);
+        // Every worker's claims of a long drain.
+        windows.claimed(
+            &one_down(),
+            window,
+            Some((at(100), 5)),
+            Taken::Nothing,
+            Duration::from_secs(60),
+        );
+        assert_eq!(windows.next(&one_down(), now + SWEEP_EVERY).from, None);
+    }
+
+    #[test]
+    fn a_first_sweep_window_that_comes_back_late_leaves_the_next_sweep_alone() {
+        let windows = ClaimWindows::default();
+        let now = Instant::now();
+        let (one, late) = (windows.next(&one_down(), now), windows.next(&one_down(), now));
+        windows.claimed(&one_down(), one, Some((at(100), 5)), Taken::Nothing, MS);
+        let later = now + SWEEP_EVERY;
+        let sweeping = windows.next(&one_down(), later);
+        assert_eq!(sweeping.from, None, "the next sweep");
+        assert!(!windows.claimed(&one_down(), late, Some((at(200), 5)), Taken::UpTo(at(150)), MS));
+        assert_eq!(
+            windows.next(&one_down(), later).from,
+            behind(100),
+            "the sweep is still being read"
+        );
+        assert!(windows.claimed(&one_down(), sweeping, Some((at(50), FULL)), Taken::Nothing, MS));
+        assert_eq!(
+            windows.next(&one_down(), later).from,
+            Some(at(50)),
+            "from where its own window got to"
+        );
+    }
+
+    #[test]
+    fn the_tail_steps_over_a_full_window_it_cannot_take_from_at_once() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let tail = windows.next(&one_down(), now);
+        assert!(windows.claimed(&one_down(), tail, Some((at(300), FULL)), Taken::Nothing, MS));
+        let tail = windows.next(&one_down(), now);
+        assert_eq!(tail.from, Some(at(300)));
+        assert!(!windows.claimed(&one_down(), tail, Some((at(400), 5)), Taken::Nothing, MS));
     }
 
     #[test]
