@@ -233,10 +233,8 @@ fn ready_without(answer: &Option<(u16, String)>, down: (&str, &str), up: (&str, 
 }
 
 /// Waits until `/readyz` answers 200 listing `down` as not ready and `up`
-/// as ready, then checks it keeps saying so over [`RATE_WINDOW`] while
-/// counting the outbox rows the relay updates meanwhile; returns that
-/// count.
-async fn down_while_others_ready(db: &TestDb, port: u16, down: (&str, &str), up: (&str, &str)) -> i64 {
+/// as ready, printing each other answer it gets meanwhile.
+async fn ready_without_eventually(port: u16, down: (&str, &str), up: (&str, &str)) {
     let last = std::sync::Mutex::new(None);
     eventually(
         WAIT,
@@ -256,6 +254,14 @@ async fn down_while_others_ready(db: &TestDb, port: u16, down: (&str, &str), up:
         },
     )
     .await;
+}
+
+/// Waits until `/readyz` answers 200 listing `down` as not ready and `up`
+/// as ready, then checks it keeps saying so over [`RATE_WINDOW`] while
+/// counting the outbox rows the relay updates meanwhile; returns that
+/// count.
+async fn down_while_others_ready(db: &TestDb, port: u16, down: (&str, &str), up: (&str, &str)) -> i64 {
+    ready_without_eventually(port, down, up).await;
     // The window starts once the statistics include every update made
     // before it (the other destinations' drain above all), and readiness
     // is sampled all along it.
@@ -1180,18 +1186,7 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
     proxy.refuse(true);
     proxy.cut();
     let waiting = db.insert_events(WAITING, "ledger.entry").await;
-    eventually(
-        WAIT,
-        "/readyz listing ledger as not ready and orders as ready",
-        || async {
-            ready_without(
-                &http_get(port, "/readyz").await,
-                ("ledger", "rabbitmq"),
-                ("orders", "sqs"),
-            )
-        },
-    )
-    .await;
+    ready_without_eventually(port, ("ledger", "rabbitmq"), ("orders", "sqs")).await;
 
     // One at a time, as a producer commits them: each is found past the
     // backlog, which is not read again for each claim.
@@ -1459,18 +1454,7 @@ async fn a_cut_destination_holds_back_only_the_aggregates_with_a_row_for_it() {
         extra.is_empty(),
         "alpha got rows it should not have yet: {extra:?}"
     );
-    eventually(
-        WAIT,
-        "/readyz answering 200 with beta not ready and alpha ready",
-        || async {
-            ready_without(
-                &http_get(port, "/readyz").await,
-                ("beta", "rabbitmq"),
-                ("alpha", "sqs"),
-            )
-        },
-    )
-    .await;
+    ready_without_eventually(port, ("beta", "rabbitmq"), ("alpha", "sqs")).await;
     nothing_charged_while_down(&db, &beta_ids).await;
 
     proxy.refuse(false);

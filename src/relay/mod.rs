@@ -362,11 +362,6 @@ impl Relay {
             let mut claim_again = false;
             let batch = match claim {
                 Ok(batch) => {
-                    let last_taken = batch
-                        .events
-                        .iter()
-                        .map(|event| (event.created_at, event.id))
-                        .max();
                     if let (Some(scope), Some(window)) = (&scope, window) {
                         // Only a row on its first attempt surely came from
                         // the window (a retried row comes from the retry
@@ -392,7 +387,11 @@ impl Relay {
                             start,
                             claimed_at,
                             batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
-                            last_taken,
+                            batch
+                                .events
+                                .iter()
+                                .map(|event| (event.created_at, event.id))
+                                .max(),
                         );
                     }
                     starts.took_interrupted(!batch.interrupted.is_empty());
