@@ -13,7 +13,7 @@ use std::process::Output;
 use chrono::{DateTime, Duration as TimeDelta, SecondsFormat, Utc};
 use common::config_file::{destination, route, ConfigFile};
 use common::TestDb;
-use outbox_relay::store::{ClaimBudget, DatabaseSettings, Ordering, RouteFilter, Store};
+use outbox_relay::store::{ClaimBudget, ClaimStart, DatabaseSettings, Ordering, RouteFilter, Store};
 use uuid::Uuid;
 
 /// A table shape: its columns before `migrate`, which adds the relay's
@@ -482,4 +482,30 @@ async fn routes_match_event_types_on(shape: Shape) {
             .await
             .expect("end the leases");
     }
+    // An ordered window that starts past every row takes, behind its
+    // start, only the next rows of the aggregates just published, named as
+    // the relay reads them, as text, whatever the column's type (each row
+    // here is its own aggregate, named by its id).
+    let past_every_row = ClaimStart::Window {
+        from: Some((Utc::now() + TimeDelta::hours(1), Uuid::nil())),
+        to: None,
+    };
+    let published = vec![orders[0].to_string(), invoice.to_string()];
+    let claimed = store
+        .claim_following(
+            budget,
+            std::time::Duration::from_secs(600),
+            Ordering::Aggregate,
+            Some(&orders_only),
+            past_every_row,
+            &published,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("ordered window claim with aggregates just published: {e}"));
+    let ids: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
+    assert_eq!(
+        ids,
+        [orders[0]],
+        "the row of the published aggregate routed to a destination that is up, and no other"
+    );
 }

@@ -356,6 +356,14 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         Some(chrono::Utc::now() - chrono::TimeDelta::minutes(5)),
         Some(Uuid::new_v4()),
     );
+    // The ordered claims' filter and window end follow their start and
+    // the aggregates just published, whose next rows they look for.
+    let ordered_route_filter = route_filter
+        .replace("event_type", "t.event_type")
+        .replace("$8", "$9")
+        .replace("$7", "$8");
+    let ordered_window_end = WINDOW_END.replace("$10", "$11").replace("$9", "$10");
+    let published = vec!["aggregate-1".to_owned(), "aggregate-2".to_owned()];
     for (what, sql, records, filtered) in [
         (
             "claim",
@@ -381,17 +389,32 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         ),
         (
             "ordered claim",
-            render(&include_str!("../src/store/sql/claim_ordered.sql").replace("{route_filter}", "")),
+            render(
+                &include_str!("../src/store/sql/claim_ordered.sql")
+                    .replace("{route_filter}", "")
+                    .replace("{window_end}", ""),
+            ),
             false,
             false,
+        ),
+        (
+            "ordered claim with a route filter",
+            render(
+                &include_str!("../src/store/sql/claim_ordered.sql")
+                    .replace("{route_filter}", &ordered_route_filter)
+                    .replace("{window_end}", &ordered_window_end),
+            ),
+            false,
+            true,
         ),
     ] {
         type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
         let mut params: Vec<Param<'_>> = vec![&rows, &lease, &bytes, &max_payload];
-        let ordered = what == "ordered claim";
-        if !ordered {
-            params.push(&catching_up.0);
-            params.push(&catching_up.1);
+        let ordered = what.starts_with("ordered");
+        params.push(&catching_up.0);
+        params.push(&catching_up.1);
+        if ordered {
+            params.push(&published);
         }
         if records {
             params.push(&confirmed);
@@ -422,10 +445,15 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             !plan.contains("outbox_event_pending_idx"),
             "{what} walks the pending index:\n{plan}"
         );
-        if !ordered {
+        assert!(
+            descends_to_start(&plan),
+            "{what} does not descend to where it starts:\n{plan}"
+        );
+        if ordered {
             assert!(
-                descends_to_start(&plan),
-                "{what} does not descend to where it starts:\n{plan}"
+                plan.contains("outbox_event_aggregate_idx"),
+                "{what} does not look for the next rows of the aggregates just published in the aggregate \
+                 index:\n{plan}"
             );
         }
         if filtered {
@@ -637,6 +665,76 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ordered_window_takes_behind_its_start_only_the_heads_of_the_aggregates_just_published() {
+    let db = TestDb::migrated().await;
+    let store = store(&db);
+    // In (created_at, id) order: a1 a2 b1 b2 c1 c2 e1 e2 d1. a1, b1 and c1
+    // are published, e1 is in flight: a2, b2, c2 and d1 are heads, e2 is not.
+    let names = ["a1", "a2", "b1", "b2", "c1", "c2", "e1", "e2", "d1"];
+    let mut ids = std::collections::HashMap::new();
+    for (n, name) in names.iter().enumerate() {
+        let id = Uuid::new_v4();
+        db.client
+            .execute(
+                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                           published_at, attempt_count, leased_until)
+                 VALUES ($1, 'order.created', $2, '{}', now() - interval '1 minute' + $3::int * interval '1 millisecond',
+                         CASE WHEN $4 THEN now() END, CASE WHEN $5 THEN 1 ELSE 0 END,
+                         CASE WHEN $5 THEN now() + interval '10 minutes' END)",
+                &[
+                    &id,
+                    &&name[..1],
+                    &(n as i32),
+                    &["a1", "b1", "c1"].contains(name),
+                    &(*name == "e1"),
+                ],
+            )
+            .await
+            .expect("insert a row");
+        ids.insert(*name, id);
+    }
+    let d1_created_at: chrono::DateTime<chrono::Utc> = db
+        .client
+        .query_one("SELECT created_at FROM outbox_event WHERE id = $1", &[&ids["d1"]])
+        .await
+        .unwrap()
+        .get(0);
+    let from_d1 = ClaimStart::Window {
+        from: Some((d1_created_at, ids["d1"])),
+        to: None,
+    };
+    let claim = |published: &[&str], start: ClaimStart| {
+        let published: Vec<String> = published.iter().map(|name| (*name).to_owned()).collect();
+        let store = &store;
+        async move {
+            store
+                .claim_following(budget(100), LEASE, Ordering::Aggregate, None, start, &published)
+                .await
+                .unwrap()
+        }
+    };
+    let names_of = |claimed: &outbox_relay::store::Claimed| -> Vec<&str> {
+        claimed
+            .events
+            .iter()
+            .map(|event| *names.iter().find(|name| ids[**name] == event.id).unwrap())
+            .collect()
+    };
+
+    assert_eq!(names_of(&claim(&[], from_d1).await), ["d1"], "the window alone");
+    assert_eq!(
+        names_of(&claim(&["a", "b", "e"], from_d1).await),
+        ["a2", "b2"],
+        "behind the start, the heads of the aggregates just published: not e2, whose predecessor is in flight"
+    );
+    assert_eq!(
+        names_of(&claim(&["a", "b", "c", "e"], ClaimStart::Oldest).await),
+        ["c2"],
+        "a claim from the oldest row finds the rest itself"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

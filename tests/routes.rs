@@ -1165,6 +1165,23 @@ async fn fresh_index_reads(db: &TestDb) -> i64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_that_is_down() {
+    found_past_a_long_backlog_of_a_destination_that_is_down(false).await;
+}
+
+/// With `OUTBOX_ORDERING=aggregate`, each aggregate's rows in order: the
+/// claims read the same windows, and a row that becomes its aggregate's
+/// head behind them is found without stepping over the backlog either.
+#[tokio::test(flavor = "multi_thread")]
+async fn ordered_rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_that_is_down() {
+    found_past_a_long_backlog_of_a_destination_that_is_down(true).await;
+}
+
+/// Rows of a destination that is up are published, one by one as they are
+/// inserted, while 20,000 rows of one that is down wait in the fresh
+/// index, and the claims do not step over those for each row; `ordered`:
+/// with `OUTBOX_ORDERING=aggregate`, the rows inserted in aggregates of
+/// three, two aggregates at a time.
+async fn found_past_a_long_backlog_of_a_destination_that_is_down(ordered_relay: bool) {
     // Enough waiting rows that a relay whose claims each step over all of
     // them reads millions of index entries in the window below.
     const WAITING: usize = 20_000;
@@ -1179,7 +1196,8 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
     let port = free_port();
     let file = orders_and_ledger(port, &orders, &sqs_endpoint(), &ledger, &ledger_url);
     let first_ledger = db.insert_events(1, "ledger.entry").await;
-    let relay = start_relay(&db, &file, &[]);
+    let settings = if ordered_relay { ordered(port) } else { Vec::new() };
+    let relay = start_relay(&db, &file, &settings);
     rabbit_receive_all(&ledger, &id_set(&first_ledger)).await;
     all_published(&db, &first_ledger, "the first ledger row").await;
 
@@ -1194,8 +1212,22 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
     let reads_before = fresh_index_reads(&db).await;
     let started = Instant::now();
     let mut one_by_one = Vec::new();
+    let mut aggregates = 0;
     while started.elapsed() < RATE_WINDOW {
-        one_by_one.extend(db.insert_events(1, "order.created").await);
+        if ordered_relay {
+            // a1 a2 a3 b1 b2 b3: a claim that takes the heads a1 and b1
+            // reads past a2 and a3, which become heads after it.
+            let mut rows = Vec::new();
+            for aggregate in [aggregates, aggregates + 1] {
+                for event_type in ["order.created", "order.paid", "order.shipped"] {
+                    rows.push((event_type, format!("order-{aggregate}")));
+                }
+            }
+            aggregates += 2;
+            one_by_one.extend(insert_sequence(&db, &rows).await);
+        } else {
+            one_by_one.extend(db.insert_events(1, "order.created").await);
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(STATISTICS_DELAY).await;
@@ -1209,6 +1241,18 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
         "every order row inserted one by one"
     );
     all_published(&db, &one_by_one, "the order rows inserted one by one").await;
+    if ordered_relay {
+        let disorder = published_out_of_order(&db, &one_by_one).await;
+        assert!(
+            disorder.is_empty(),
+            "aggregates published out of order (publish times in (created_at, id) order): {disorder:?}"
+        );
+        let (median, slowest) = successor_delays(&db, &one_by_one).await;
+        eprintln!(
+            "{aggregates} aggregates of three: each row published {median:.3} s after its predecessor \
+             (median), {slowest:.3} s at most"
+        );
+    }
     let backlog_reads = reads as f64 / WAITING as f64;
     eprintln!(
         "{WAITING} rows of a down destination waiting: {reads} fresh-index entries read in {window:.1?} \
@@ -1246,6 +1290,24 @@ async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_t
     );
     recovered(&db, port, ("ledger", "rabbitmq"), &waiting).await;
     still_running_then_clean_up(relay, orders, ledger).await;
+}
+
+/// The median and the longest time between the publishes of two
+/// successive rows of an aggregate among `ids`, in seconds.
+async fn successor_delays(db: &TestDb, ids: &[Uuid]) -> (f64, f64) {
+    let row = db
+        .client
+        .query_one(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY delay), max(delay)
+             FROM (SELECT extract(epoch FROM published_at - lag(published_at)
+                                       OVER (PARTITION BY aggregate_id ORDER BY created_at, id))::float8 AS delay
+                   FROM outbox_event WHERE id = ANY($1)) AS delays
+             WHERE delay IS NOT NULL",
+            &[&ids],
+        )
+        .await
+        .expect("read the publish times");
+    (row.get(0), row.get(1))
 }
 
 // -------------------------------------------------------------- ordering

@@ -314,11 +314,20 @@ impl Relay {
             // window of the fresh index (see windows.rs); a probe reads
             // only its destination's rows, the oldest of which come first.
             let window = match &scope {
-                // Ordered claims read from the oldest row whatever they are given.
-                Some(scope) if filter.is_some() && self.config.ordering == Ordering::None => {
-                    Some(self.windows.next(scope, claimed_at))
-                }
+                Some(scope) if filter.is_some() => Some(self.windows.next(scope, claimed_at)),
                 _ => None,
+            };
+            // An ordered claim also looks for the next rows of the
+            // aggregates just published (see windows.rs).
+            let published = match (self.config.ordering, window) {
+                (Ordering::Aggregate, Some(_)) => self.windows.take_published(plan.rows as usize),
+                // Nothing left out: the claim reads from the oldest row and
+                // finds every head itself.
+                (Ordering::Aggregate, None) if filter.is_none() => {
+                    self.windows.take_published(usize::MAX);
+                    Vec::new()
+                }
+                _ => Vec::new(),
             };
             let (measured, unmeasured) = match window {
                 Some(window) => match self.store.fresh_window(window.from, WINDOW_ROWS).await {
@@ -336,12 +345,13 @@ impl Relay {
                 Err(e)
             } else if confirmed.rows.is_empty() {
                 self.store
-                    .claim_from(
+                    .claim_following(
                         budget,
                         self.config.lease(),
                         self.config.ordering,
                         filter.as_ref(),
                         start,
+                        &published,
                     )
                     .await
             } else {
@@ -363,15 +373,18 @@ impl Relay {
             let batch = match claim {
                 Ok(batch) => {
                     if let (Some(scope), Some(window)) = (&scope, window) {
-                        // Only a row on its first attempt surely came from
-                        // the window (a retried row comes from the retry
-                        // path, wherever its place): the window is read up
-                        // to the last of those, and no further.
+                        // Only a row on its first attempt from the window's
+                        // start on surely came from the window (a retried
+                        // row comes from the retry path, and an ordered
+                        // claim's successors from behind the start, wherever
+                        // their place): the window is read up to the last
+                        // of those, and no further.
                         let last_in_window = batch
                             .events
                             .iter()
                             .filter(|event| event.attempt_count == 1)
                             .map(|event| (event.created_at, event.id))
+                            .filter(|key| window.from.is_none_or(|from| *key >= from))
                             .max();
                         claim_again = self.windows.claimed(
                             scope,
@@ -405,6 +418,7 @@ impl Relay {
                     if let (Some(scope), Some(window)) = (&scope, window) {
                         self.windows.failed(scope, window);
                     }
+                    self.windows.put_back(published);
                     // Another worker's statement was in the way; nothing
                     // was claimed or recorded, and the database is fine.
                     debug!(worker, error = %e, "claim gave way to another worker's statement; trying again");
@@ -418,6 +432,7 @@ impl Relay {
                     if let (Some(scope), Some(window)) = (&scope, window) {
                         self.windows.failed(scope, window);
                     }
+                    self.windows.put_back(published);
                     self.health.claim_failed(&e);
                     self.metrics.ready.set(0);
                     if let Some(probed) = plan.probe {
@@ -591,6 +606,16 @@ impl Relay {
         let trace_of = |id: &Uuid| traces.get(id).map(String::as_str);
         let traces_of = |ids: &mut dyn Iterator<Item = &Uuid>| batch_trace_ids(ids.filter_map(trace_of));
         let all_ids: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
+        // An ordered relay's next claims look for the rows that follow the
+        // ones it publishes (see windows.rs).
+        let aggregates: HashMap<Uuid, String> = match self.config.ordering {
+            Ordering::Aggregate => claimed
+                .events
+                .iter()
+                .map(|event| (event.id, event.aggregate_id.clone()))
+                .collect(),
+            Ordering::None => HashMap::new(),
+        };
         let (due, exhausted) = split_exhausted(claimed.events, self.config.max_attempts);
         let (due, mut given_back) = isolate_interrupted(due, &claimed.interrupted);
         if !given_back.is_empty() {
@@ -750,6 +775,14 @@ impl Relay {
             deadline,
         };
         self.record(&decisions, deadline, shutdown).await;
+        if !aggregates.is_empty() {
+            self.windows.published(
+                decisions
+                    .published
+                    .iter()
+                    .filter_map(|row| aggregates.get(&row.id).cloned()),
+            );
+        }
         debug!(
             report = "batch_recorded",
             published,

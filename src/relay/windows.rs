@@ -38,7 +38,19 @@
 //!
 //! A claim with every destination open has nothing to filter out and does
 //! not use windows (see claim_start.rs).
+//!
+//! Ordered claims (`OUTBOX_ORDERING=aggregate`) read the same windows. The
+//! tail passes over the rows a window could not take, and in an ordered
+//! claim those include the successors of rows in flight, which become
+//! heads only once their predecessors' publishes are recorded. Rather than
+//! leave each to a sweep, the relay hands the aggregates it has just
+//! published to its next claims ([`ClaimWindows::published`],
+//! [`ClaimWindows::take_published`]), which take their heads behind the
+//! window wherever they lie (see store/sql/claim_ordered.sql). A head one
+//! of those claims leaves (its payload past the byte budget) waits for the
+//! next sweep.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -53,6 +65,10 @@ pub const WINDOW_ROWS: i64 = 2_000;
 /// How far behind the newest row a window reached the tail is left, for
 /// rows committed after newer ones.
 pub const LATE_COMMIT_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
+
+/// The most aggregates waiting to be looked at by an ordered claim; past
+/// it the oldest are dropped and a sweep is asked for instead.
+pub const MOST_PUBLISHED_WAITING: usize = 100_000;
 
 /// The shortest time between the starts of two sweeps.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -126,6 +142,9 @@ impl Taken {
 pub struct ClaimWindows {
     state: Mutex<Option<(ClaimScope, Positions)>>,
     generations: std::sync::atomic::AtomicU64,
+    /// The aggregates of rows just published, oldest first, whose
+    /// successors the next ordered claims look for.
+    published: Mutex<VecDeque<String>>,
 }
 
 #[derive(Debug)]
@@ -318,6 +337,40 @@ impl ClaimWindows {
                     sweep.busy = false;
                 }
             }
+        }
+    }
+
+    /// Records the aggregates of rows whose publish has just been
+    /// recorded: their next rows are heads now, wherever they lie.
+    pub fn published(&self, aggregates: impl IntoIterator<Item = String>) {
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        published.extend(aggregates);
+        if published.len() > MOST_PUBLISHED_WAITING {
+            let excess = published.len() - MOST_PUBLISHED_WAITING;
+            published.drain(..excess);
+            drop(published);
+            // The sweep finds what those would have.
+            self.sweep_soon();
+        }
+    }
+
+    /// Up to `most` of the aggregates [`ClaimWindows::published`] recorded,
+    /// oldest first, for one claim; the claim puts them back
+    /// ([`ClaimWindows::put_back`]) if it fails.
+    pub fn take_published(&self, most: usize) -> Vec<String> {
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        let count = most.min(published.len());
+        published.drain(..count).collect()
+    }
+
+    /// Returns the aggregates of a claim that failed, first in line.
+    pub fn put_back(&self, aggregates: Vec<String>) {
+        if aggregates.is_empty() {
+            return;
+        }
+        let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
+        for aggregate in aggregates.into_iter().rev() {
+            published.push_front(aggregate);
         }
     }
 
@@ -560,5 +613,31 @@ mod tests {
         );
         assert!(!windows.claimed(&one_down(), stale, Some((at(500), 1)), Taken::UpTo(at(400)), MS));
         assert_eq!(windows.next(&one_down(), now).from, None);
+    }
+
+    #[test]
+    fn aggregates_published_go_to_the_next_claims_in_order_and_a_failed_claim_puts_them_back_first() {
+        let windows = ClaimWindows::default();
+        windows.published(["a", "b", "c"].map(str::to_owned));
+        let first = windows.take_published(2);
+        assert_eq!(first, ["a", "b"]);
+        windows.published(["d".to_owned()]);
+        windows.put_back(first);
+        assert_eq!(windows.take_published(10), ["a", "b", "c", "d"]);
+        assert!(windows.take_published(10).is_empty());
+    }
+
+    #[test]
+    fn too_many_aggregates_waiting_drop_the_oldest_and_ask_for_a_sweep() {
+        let now = Instant::now();
+        let windows = swept(now);
+        windows.published((0..MOST_PUBLISHED_WAITING).map(|n| n.to_string()));
+        assert_eq!(windows.next(&one_down(), now).from, behind(100), "no sweep yet");
+        windows.published(["newest".to_owned()]);
+        assert_eq!(windows.next(&one_down(), now).from, None, "a sweep at once");
+        let waiting = windows.take_published(usize::MAX);
+        assert_eq!(waiting.len(), MOST_PUBLISHED_WAITING);
+        assert_eq!(waiting.first().map(String::as_str), Some("1"));
+        assert_eq!(waiting.last().map(String::as_str), Some("newest"));
     }
 }

@@ -190,8 +190,12 @@ impl ClaimStatements {
                     .replace("{window_end}", &window_end(11)),
             )
         };
-        let ordered =
-            include_str!("sql/claim_ordered.sql").replace("{route_filter}", &filter("t.event_type", 5));
+        // The ordered claims' fifth to seventh parameters are where their
+        // fresh path starts and the aggregates just published (see
+        // claim_ordered.sql).
+        let ordered = include_str!("sql/claim_ordered.sql")
+            .replace("{route_filter}", &filter("t.event_type", 8))
+            .replace("{window_end}", &window_end(10));
         Self {
             claim: claim(&plain_claim),
             claim_after_mark: claim_after(include_str!("sql/mark_published.sql")),
@@ -635,8 +639,9 @@ impl Store {
     }
 
     /// [`Store::claim_routed`], whose unordered claim reads rows that never
-    /// failed from `start` (see [`ClaimStart`]); ordered claims always read
-    /// from the oldest row.
+    /// failed from `start` (see [`ClaimStart`]); an ordered claim honours
+    /// only a [`ClaimStart::Window`], and reads from the oldest row
+    /// otherwise.
     pub async fn claim_from(
         &self,
         budget: ClaimBudget,
@@ -645,7 +650,32 @@ impl Store {
         filter: Option<&RouteFilter>,
         start: ClaimStart,
     ) -> Result<Claimed, StoreError> {
+        self.claim_following(budget, lease, ordering, filter, start, &[])
+            .await
+    }
+
+    /// [`Store::claim_from`]; an ordered claim with a window also takes the
+    /// heads behind the window's start among the aggregates in
+    /// `published` (their `aggregate_id`s as text), whose rows the relay
+    /// has just published (see claim_ordered.sql). An unordered claim
+    /// ignores them.
+    pub async fn claim_following(
+        &self,
+        budget: ClaimBudget,
+        lease: Duration,
+        ordering: Ordering,
+        filter: Option<&RouteFilter>,
+        start: ClaimStart,
+        published: &[String],
+    ) -> Result<Claimed, StoreError> {
         let (claims, filter) = self.claims(filter);
+        // Only a window bounds what an ordered claim passes over behind
+        // its start: the following path finds the successors there, and
+        // the sweeps the rest (see relay/windows.rs).
+        let start = match (ordering, start) {
+            (Ordering::Aggregate, ClaimStart::Window { .. }) | (Ordering::None, _) => start,
+            (Ordering::Aggregate, _) => ClaimStart::Oldest,
+        };
         let (from, from_id) = start.position();
         let end = start.end();
         self.with_current_columns(|| async {
@@ -654,14 +684,11 @@ impl Store {
                 Ordering::Aggregate if self.orders_by_sequence().await? => &claims.claim_ordered_by_sequence,
                 Ordering::Aggregate => &claims.claim_ordered,
             }[usize::from(self.has_headers().await?)];
-            let mut params: Vec<Param<'_>> = Vec::new();
-            if ordering == Ordering::None {
-                params.push((&from, Type::TIMESTAMPTZ));
-                params.push((&from_id, Type::UUID));
-                push_filter_and_end(&mut params, filter, &end);
-            } else {
-                push_filter(&mut params, filter);
+            let mut params: Vec<Param<'_>> = vec![(&from, Type::TIMESTAMPTZ), (&from_id, Type::UUID)];
+            if ordering == Ordering::Aggregate {
+                params.push((&published, Type::TEXT_ARRAY));
             }
+            push_filter_and_end(&mut params, filter, &end);
             let plan = match ordering {
                 Ordering::None => Plan::Generic,
                 // Their statements are not written for a generic plan.
@@ -1105,8 +1132,17 @@ mod tests {
                 assert!(statement.contains("(created_at, id) >= (COALESCE($5::timestamptz, '-infinity'),"));
                 assert!(statement.contains("COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))"));
             }
-            for statement in &sql.claim_ordered {
-                assert!(!statement.contains("$5::timestamptz"));
+            // The ordered ones' too, the two paths that read the fresh
+            // index on either side of it, and then the aggregates whose
+            // next rows they look for.
+            for statement in sql.claim_ordered.iter().chain(&sql.claim_ordered_by_sequence) {
+                assert_eq!(
+                    statement
+                        .matches("COALESCE($5::timestamptz, '-infinity')")
+                        .count(),
+                    2
+                );
+                assert!(statement.contains("FROM unnest($7::text[]) AS published"));
             }
         }
         assert!(!statements.claims.claim[0].contains("$7"));
@@ -1127,9 +1163,16 @@ mod tests {
         );
         assert_eq!(
             routed.claim_ordered[0]
-                .matches("t.event_type::text LIKE ($5::text[])[1]")
+                .matches("t.event_type::text LIKE ($8::text[])[1]")
                 .count(),
-            2
+            3
         );
+        assert_eq!(
+            routed.claim_ordered[0]
+                .matches("COALESCE($10::timestamptz, 'infinity')")
+                .count(),
+            1
+        );
+        assert!(!statements.claims.claim_ordered[0].contains("$8"));
     }
 }
