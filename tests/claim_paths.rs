@@ -450,10 +450,23 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             "{what} does not descend to where it starts:\n{plan}"
         );
         if ordered {
+            // The path that finds the next rows of the aggregates just
+            // published, behind where the fresh path starts, reads only
+            // those aggregates: never the fresh index up to the start.
+            let following = plan
+                .split("CTE following")
+                .nth(1)
+                .and_then(|rest| rest.split("CTE tried").next())
+                .unwrap_or_else(|| panic!("{what} has no following path:\n{plan}"));
             assert!(
-                plan.contains("outbox_event_aggregate_idx"),
+                following.contains("Index Cond: (aggregate_id = ANY ($0))")
+                    || following.contains("Index Cond: ((aggregate_id = ANY ($0))"),
                 "{what} does not look for the next rows of the aggregates just published in the aggregate \
                  index:\n{plan}"
+            );
+            assert!(
+                !following.contains("outbox_event_fresh_idx"),
+                "{what} reads the fresh index behind its start:\n{plan}"
             );
         }
         if filtered {
@@ -777,4 +790,92 @@ async fn a_claim_from_a_start_skips_older_rows_which_the_next_claim_from_the_old
         "the older rows, left for this claim"
     );
     assert_rows_ahead_untouched(&db).await;
+}
+
+/// The ordered claim of a routed relay while one destination's 20,000
+/// rows wait, before the table's statistics know of them, as Store renders
+/// it: what its path for the aggregates just published reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_rows_of_the_aggregates_just_published_are_found_without_reading_a_waiting_backlog() {
+    let db = TestDb::migrated().await;
+    db.client
+        .batch_execute(
+            "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'ledger.entry', 'ledger-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(1, 20000) AS n;
+             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || (n / 3), '{}',
+                    now() - interval '10 minutes' + n * interval '1 millisecond'
+             FROM generate_series(0, 5) AS n",
+        )
+        .await
+        .expect("rows");
+    // The window starts at the newest row: every order row but that one
+    // lies behind it.
+    let newest = db
+        .client
+        .query_one(
+            "SELECT created_at, id FROM outbox_event ORDER BY created_at DESC, id DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .expect("the newest row");
+    let start: (Option<chrono::DateTime<chrono::Utc>>, Option<Uuid>) =
+        (Some(newest.get(0)), Some(newest.get(1)));
+    let route_filter = "\n      AND CASE WHEN t.event_type LIKE ($8::text[])[1] THEN ($9::bool[])[1] \
+                        WHEN t.event_type LIKE ($8::text[])[2] THEN ($9::bool[])[2] ELSE ($9::bool[])[3] END";
+    let sql = render(
+        &include_str!("../src/store/sql/claim_ordered.sql")
+            .replace("{route_filter}", route_filter)
+            .replace(
+                "{window_end}",
+                &WINDOW_END.replace("$10", "$11").replace("$9", "$10"),
+            ),
+    );
+    let (rows, lease, bytes, max_payload) = (100i64, 600_000i64, 1i64 << 24, 1i64 << 24);
+    let published = vec!["order-0".to_owned(), "order-1".to_owned()];
+    let (patterns, take) = (
+        vec!["order.%".to_owned(), "ledger.%".to_owned()],
+        vec![true, false, false],
+    );
+    let no_end: (Option<chrono::DateTime<chrono::Utc>>, Option<Uuid>) = (None, None);
+    let store = store(&db);
+    let client = store.client().await.expect("pooled connection");
+    let plan: Vec<String> = client
+        .query(
+            &format!("EXPLAIN (ANALYZE, BUFFERS) {sql}"),
+            &[
+                &rows,
+                &lease,
+                &bytes,
+                &max_payload,
+                &start.0,
+                &start.1,
+                &published,
+                &patterns,
+                &take,
+                &no_end.0,
+                &no_end.1,
+            ],
+        )
+        .await
+        .expect("explain the claim")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    let following = plan
+        .split("CTE following")
+        .nth(1)
+        .and_then(|rest| rest.split("CTE tried").next())
+        .unwrap_or_else(|| panic!("no following path:\n{plan}"));
+    assert!(
+        !following.contains("outbox_event_fresh_idx") && !following.contains("Rows Removed by Filter: 20000"),
+        "the path for the aggregates just published reads the waiting rows:\n{plan}"
+    );
+    assert!(
+        following.contains("outbox_event_aggregate_idx"),
+        "the path for the aggregates just published does not read the aggregate index:\n{plan}"
+    );
 }

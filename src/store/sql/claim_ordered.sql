@@ -33,6 +33,13 @@
 -- so that the condition is one probe of the aggregate index for each,
 -- whatever that type is). Behind the start only, so that no row is both
 -- there and in the window; rows that failed before come from `tried`.
+-- Unquarantined and never failed are written as one `num_nulls` test, not
+-- as the two `IS NULL` tests of the fresh index's predicate: written so,
+-- the fresh index could serve the path too, and PostgreSQL chose it, a
+-- range from the oldest row to the start filtered by aggregate, every
+-- waiting row read again (measured: 20,000 of them each claim, whenever
+-- the table's statistics were behind). Only the aggregate index's
+-- predicate is implied now, so the path reads the given aggregates alone.
 --
 -- Plan: three range scans that stop at their LIMIT; each candidate costs
 -- one probe of the aggregate index (aggregate_id, created_at, id) WHERE
@@ -49,8 +56,7 @@ WITH following AS (
               SELECT (json_populate_record(NULL::{table}, json_build_object('aggregate_id', published))).aggregate_id
               FROM unnest($7::text[]) AS published))
       AND t.published_at IS NULL
-      AND t.quarantined_at IS NULL
-      AND t.last_error IS NULL
+      AND num_nulls(t.quarantined_at, t.last_error) = 2
       AND t.next_attempt_at <= now()
       AND (t.leased_until IS NULL OR t.leased_until <= now()){route_filter}
       AND (t.created_at, t.id) < (COALESCE($5::timestamptz, '-infinity'),
