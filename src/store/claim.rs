@@ -125,9 +125,10 @@ pub enum OnPublish {
     Delete,
 }
 
-/// Where an unordered claim starts reading the rows that never failed, in
-/// `(created_at, id)` order (see `sql/claim.sql`). Retries are always read
-/// from the first that is due.
+/// Where a claim starts reading the rows that never failed, in
+/// `(created_at, id)` order (see `sql/claim.sql`; an ordered claim honours
+/// only a [`ClaimStart::Window`]). Retries are always read from the first
+/// that is due.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ClaimStart {
     /// From the oldest row: finds every due row.
