@@ -357,6 +357,23 @@ async fn routes_match_an_enum_event_type_as_text() {
     .await;
 }
 
+/// An `aggregate_id` of the producer's own domain over `uuid`, beside a
+/// producer column of a domain that rules out NULL: an ordered claim turns
+/// the aggregates it is given (as text) back into the column's own type,
+/// which must work whatever the table's other columns are.
+#[tokio::test(flavor = "multi_thread")]
+async fn ordered_claims_look_up_aggregates_of_a_domain_type_beside_a_not_null_domain() {
+    routes_match_event_types_on(Shape {
+        columns: &[
+            ("aggregate_id", "aggregate_key NOT NULL"),
+            ("tenant", "tenant_name"),
+        ],
+        before: "CREATE DOMAIN aggregate_key AS uuid; \
+                 CREATE DOMAIN tenant_name AS text NOT NULL DEFAULT 'main'; ",
+    })
+    .await;
+}
+
 /// A producer's `last_error` shorter than the relay's reasons (up to
 /// 1,000 characters): each reason is cut to the column's length, on the
 /// column's own `varchar(n)` and on a domain's. Before, the one statement

@@ -304,6 +304,8 @@ fn render(candidates: &str) -> String {
         .replace("{table}", "\"outbox_event\"")
         .replace("{predecessor_key}", "(p.created_at, p.id)")
         .replace("{row_key}", "(t.created_at, t.id)")
+        .replace("{head_order}", "first.created_at, first.id")
+        .replace("{aggregate_type}", "text")
         .replace("{headers}", "NULL::text"),
     )
 }
@@ -456,11 +458,11 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             let following = plan
                 .split("CTE following")
                 .nth(1)
-                .and_then(|rest| rest.split("CTE tried").next())
+                .and_then(|rest| rest.split("CTE untried").next())
                 .unwrap_or_else(|| panic!("{what} has no following path:\n{plan}"));
             assert!(
-                following.contains("Index Cond: (aggregate_id = ANY ($0))")
-                    || following.contains("Index Cond: ((aggregate_id = ANY ($0))"),
+                following.contains("outbox_event_aggregate_idx")
+                    && following.contains("Index Cond: (aggregate_id = published.aggregate_id)"),
                 "{what} does not look for the next rows of the aggregates just published in the aggregate \
                  index:\n{plan}"
             );
@@ -868,7 +870,7 @@ async fn the_next_rows_of_the_aggregates_just_published_are_found_without_readin
     let following = plan
         .split("CTE following")
         .nth(1)
-        .and_then(|rest| rest.split("CTE tried").next())
+        .and_then(|rest| rest.split("CTE untried").next())
         .unwrap_or_else(|| panic!("no following path:\n{plan}"));
     assert!(
         !following.contains("outbox_event_fresh_idx") && !following.contains("Rows Removed by Filter: 20000"),

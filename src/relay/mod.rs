@@ -320,7 +320,10 @@ impl Relay {
             // An ordered claim also looks for the next rows of the
             // aggregates just published (see windows.rs).
             let published = match (self.config.ordering, window) {
-                (Ordering::Aggregate, Some(_)) => self.windows.take_published(plan.rows as usize),
+                // A window from the oldest row has nothing behind it.
+                (Ordering::Aggregate, Some(window)) if window.from.is_some() => {
+                    self.windows.take_published(plan.rows as usize)
+                }
                 // Nothing left out: the claim reads from the oldest row and
                 // finds every head itself.
                 (Ordering::Aggregate, None) if filter.is_none() => {
@@ -432,7 +435,12 @@ impl Relay {
                     if let (Some(scope), Some(window)) = (&scope, window) {
                         self.windows.failed(scope, window);
                     }
-                    self.windows.put_back(published);
+                    // Only a shortcut: should anything about them be
+                    // what fails, trying them again would fail every claim.
+                    // The next sweep finds their rows.
+                    if !published.is_empty() {
+                        self.windows.sweep_soon();
+                    }
                     self.health.claim_failed(&e);
                     self.metrics.ready.set(0);
                     if let Some(probed) = plan.probe {

@@ -203,6 +203,7 @@ impl ClaimStatements {
             claim_ordered: claim(&ordered).map(|sql| {
                 sql.replace("{predecessor_key}", "(p.created_at, p.id)")
                     .replace("{row_key}", "(t.created_at, t.id)")
+                    .replace("{head_order}", "first.created_at, first.id")
             }),
             // A row without a sequence number sorts first in its aggregate.
             claim_ordered_by_sequence: claim(&ordered).map(|sql| {
@@ -213,6 +214,10 @@ impl ClaimStatements {
                 .replace(
                     "{row_key}",
                     "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
+                )
+                .replace(
+                    "{head_order}",
+                    "COALESCE(first.sequence_number, -9223372036854775808), first.created_at, first.id",
                 )
             }),
         }
@@ -432,6 +437,10 @@ pub struct Store {
     has_sequence_column: ColumnPresence,
     /// Whether the table has the producer's `headers` column.
     has_headers_column: ColumnPresence,
+    /// The `aggregate_id` column's type, looked up at the first ordered
+    /// claim that is given aggregates, and again after any ordered claim
+    /// failed (a producer may change it).
+    aggregate_type: std::sync::Mutex<Option<String>>,
     /// `synchronous_commit` for this store's transactions; `None` keeps
     /// the server's.
     synchronous_commit: Option<&'static str>,
@@ -549,6 +558,7 @@ impl Store {
             table: config.table.clone(),
             sql: Statements::for_table(&config.table, 0),
             has_sequence_column: ColumnPresence::default(),
+            aggregate_type: std::sync::Mutex::default(),
             has_headers_column: ColumnPresence::default(),
             synchronous_commit,
         }
@@ -678,25 +688,68 @@ impl Store {
         };
         let (from, from_id) = start.position();
         let end = start.end();
-        self.with_current_columns(|| async {
-            let sql = &match ordering {
-                Ordering::None => &claims.claim,
-                Ordering::Aggregate if self.orders_by_sequence().await? => &claims.claim_ordered_by_sequence,
-                Ordering::Aggregate => &claims.claim_ordered,
-            }[usize::from(self.has_headers().await?)];
-            let mut params: Vec<Param<'_>> = vec![(&from, Type::TIMESTAMPTZ), (&from_id, Type::UUID)];
-            if ordering == Ordering::Aggregate {
-                params.push((&published, Type::TEXT_ARRAY));
-            }
-            push_filter_and_end(&mut params, filter, &end);
-            let plan = match ordering {
-                Ordering::None => Plan::Generic,
-                // Their statements are not written for a generic plan.
-                Ordering::Aggregate => Plan::Custom,
-            };
-            self.run_claim(sql, plan, budget, lease, &params).await
+        let claimed = self
+            .with_current_columns(|| async {
+                let sql = &match ordering {
+                    Ordering::None => &claims.claim,
+                    Ordering::Aggregate if self.orders_by_sequence().await? => {
+                        &claims.claim_ordered_by_sequence
+                    }
+                    Ordering::Aggregate => &claims.claim_ordered,
+                }[usize::from(self.has_headers().await?)];
+                let mut params: Vec<Param<'_>> = vec![(&from, Type::TIMESTAMPTZ), (&from_id, Type::UUID)];
+                let ordered_sql;
+                let sql = match ordering {
+                    Ordering::None => sql,
+                    Ordering::Aggregate => {
+                        params.push((&published, Type::TEXT_ARRAY));
+                        ordered_sql = sql.replace("{aggregate_type}", &self.aggregate_type().await?);
+                        &ordered_sql
+                    }
+                };
+                push_filter_and_end(&mut params, filter, &end);
+                let plan = match ordering {
+                    Ordering::None => Plan::Generic,
+                    // Their statements are not written for a generic plan.
+                    Ordering::Aggregate => Plan::Custom,
+                };
+                self.run_claim(sql, plan, budget, lease, &params).await
+            })
+            .await;
+        if claimed.is_err() && ordering == Ordering::Aggregate {
+            // Looked up again by the next ordered claim, in case the
+            // column's type is what failed.
+            *self.aggregate_type.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        claimed
+    }
+
+    /// The type ordered claims cast the aggregates they are given to: the
+    /// `aggregate_id` column's, looked up once (see claim_ordered.sql).
+    async fn aggregate_type(&self) -> Result<String, StoreError> {
+        if let Some(known) = self
+            .aggregate_type
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Ok(known);
+        }
+        let client = self.connection().await?;
+        let looked_up: Option<String> = bounded(async {
+            let rows = Session::client(self.pooler, &client)
+                .query(
+                    include_str!("sql/aggregate_type.sql"),
+                    &[(&self.table.quoted(), Type::TEXT)],
+                )
+                .await?;
+            Ok(rows.first().map(|row| row.get(0)))
         })
-        .await
+        .await?;
+        // Without the column every claim fails anyway, and says why.
+        let looked_up = looked_up.unwrap_or_else(|| "text".to_owned());
+        *self.aggregate_type.lock().unwrap_or_else(|e| e.into_inner()) = Some(looked_up.clone());
+        Ok(looked_up)
     }
 
     /// Runs a claim, and once more if it failed because an optional column
@@ -1118,6 +1171,8 @@ mod tests {
                 &sql.claim_ordered_by_sequence,
             ];
             for statement in all.iter().flat_map(|variants| variants.iter()) {
+                // The aggregate_id column's type is filled in at the claim.
+                let statement = statement.replace("{aggregate_type}", "text");
                 assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
             }
             for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
@@ -1142,7 +1197,7 @@ mod tests {
                         .count(),
                     2
                 );
-                assert!(statement.contains("FROM unnest($7::text[]) AS published"));
+                assert!(statement.contains("unnest($7::text[])::{aggregate_type}"));
             }
         }
         assert!(!statements.claims.claim[0].contains("$7"));

@@ -5,7 +5,7 @@
 -- the casts); like it, completed by claim_lease.sql. The order within an
 -- aggregate is (created_at, id), or (sequence_number, created_at, id) when
 -- the table has a producer-written sequence_number column; the relay fills
--- {predecessor_key} and {row_key} accordingly.
+-- {predecessor_key}, {row_key} and {head_order} accordingly.
 --
 -- The route filter is as in claim.sql. It leaves out a row, never its
 -- predecessors: a successor routed elsewhere still waits for them.
@@ -27,52 +27,32 @@
 -- head only once its predecessor's publish is recorded, by then behind
 -- where the claims read. Left to the sweeps, each such row would wait
 -- about a second, and every aggregate's next event with it. So `following`
--- takes the heads among the fresh rows behind the start ($5, $6) of the
--- aggregates whose rows the relay has just published ($7, as text: each
--- is turned back into the column's own type through the table's row type,
--- so that the condition is one probe of the aggregate index for each,
--- whatever that type is). Behind the start only, so that no row is both
+-- takes, behind the start ($5, $6), the heads of the aggregates whose rows
+-- the relay has just published ($7, their aggregate_ids as the relay reads
+-- them, as text). Each is cast back to the column's own type, which the
+-- relay looks up and fills in as {aggregate_type}, so that finding an
+-- aggregate's head is one probe of the aggregate index: its first
+-- unpublished row in the aggregate's order ({head_order}), taken if that
+-- row is fresh, due, free and behind the start; if it is not, no row of
+-- the aggregate is a head. Behind the start only, so that no row is both
 -- there and in the window; rows that failed before come from `tried`.
--- Unquarantined and never failed are written as one `num_nulls` test, not
--- as the two `IS NULL` tests of the fresh index's predicate: written so,
--- the fresh index could serve the path too, and PostgreSQL chose it, a
--- range from the oldest row to the start filtered by aggregate, every
--- waiting row read again (measured: 20,000 of them each claim, whenever
--- the table's statistics were behind). Only the aggregate index's
--- predicate is implied now, so the path reads the given aggregates alone.
+-- The row itself is then read by its id, and its conditions written so
+-- that they imply no claim path index's predicate (one `num_nulls` test,
+-- not the fresh index's two `IS NULL` tests): with an earlier form of
+-- this path PostgreSQL read the fresh index from the oldest row to the
+-- start instead, every waiting row each claim, whenever the table's
+-- statistics were behind (measured: 20,000 of them).
 --
--- Plan: three range scans that stop at their LIMIT; each candidate costs
--- one probe of the aggregate index (aggregate_id, created_at, id) WHERE
--- published_at IS NULL for the anti-join, and `following` reads the
--- unpublished rows of the aggregates it is given from the same index.
--- Leased and backing-off rows are not walked, but untried rows behind a
--- stuck head are, on every claim from the oldest row, so a very long stuck
--- aggregate makes those claims slower; the stuck-aggregate gauge shows it.
-WITH following AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body,
-           (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
-    FROM {table} AS t
-    WHERE t.aggregate_id = ANY (ARRAY(
-              SELECT (json_populate_record(NULL::{table}, json_build_object('aggregate_id', published))).aggregate_id
-              FROM unnest($7::text[]) AS published))
-      AND t.published_at IS NULL
-      AND num_nulls(t.quarantined_at, t.last_error) = 2
-      AND t.next_attempt_at <= now()
-      AND (t.leased_until IS NULL OR t.leased_until <= now()){route_filter}
-      AND (t.created_at, t.id) < (COALESCE($5::timestamptz, '-infinity'),
-                                  COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
-      AND NOT EXISTS (
-          SELECT 1
-          FROM {table} AS p
-          WHERE p.aggregate_id = t.aggregate_id
-            AND p.published_at IS NULL
-            AND {predecessor_key} < {row_key}
-      )
-    ORDER BY t.created_at, t.id
-    LIMIT $1
-    FOR UPDATE OF t SKIP LOCKED
-),
-tried AS (
+-- Plan: two range scans of claim.sql that stop at their LIMIT, and for
+-- each aggregate given one probe of the aggregate index (aggregate_id,
+-- created_at, id) WHERE published_at IS NULL and one of the primary key;
+-- each range candidate costs one probe of the aggregate index for the
+-- anti-join. With a sequence_number column an aggregate's head is found
+-- by sorting its unpublished rows instead. Leased and backing-off rows
+-- are not walked, but untried rows behind a stuck head are, on every
+-- claim from the oldest row, so a very long stuck aggregate makes those
+-- claims slower; the stuck-aggregate gauge shows it.
+WITH tried AS (
     SELECT t.id, t.created_at, {read:t.payload} AS body,
            (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
     FROM {table} AS t
@@ -89,7 +69,30 @@ tried AS (
             AND {predecessor_key} < {row_key}
       )
     ORDER BY t.next_attempt_at
-    LIMIT $1 - (SELECT count(*) FROM following)
+    LIMIT $1
+    FOR UPDATE OF t SKIP LOCKED
+),
+following AS (
+    SELECT t.id, t.created_at, {read:t.payload} AS body,
+           (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
+    FROM unnest(ARRAY(SELECT DISTINCT unnest($7::text[])::{aggregate_type})) AS published(aggregate_id)
+    CROSS JOIN LATERAL (
+        SELECT first.id
+        FROM {table} AS first
+        WHERE first.aggregate_id = published.aggregate_id
+          AND first.published_at IS NULL
+        ORDER BY {head_order}
+        LIMIT 1
+    ) AS head
+    JOIN {table} AS t ON t.id = head.id
+    WHERE t.published_at IS NULL
+      AND num_nulls(t.quarantined_at, t.last_error) = 2
+      AND t.next_attempt_at <= now()
+      AND (t.leased_until IS NULL OR t.leased_until <= now()){route_filter}
+      AND (t.created_at, t.id) < (COALESCE($5::timestamptz, '-infinity'),
+                                  COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
+    ORDER BY t.created_at, t.id
+    LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE OF t SKIP LOCKED
 ),
 untried AS (
@@ -111,13 +114,13 @@ untried AS (
             AND {predecessor_key} < {row_key}
       )
     ORDER BY t.created_at, t.id
-    LIMIT $1 - (SELECT count(*) FROM following) - (SELECT count(*) FROM tried)
+    LIMIT $1 - (SELECT count(*) FROM tried) - (SELECT count(*) FROM following)
     FOR UPDATE OF t SKIP LOCKED
 ),
 due AS (
-    SELECT id, created_at, body, interrupted FROM following
-    UNION ALL
     SELECT id, created_at, body, interrupted FROM tried
+    UNION ALL
+    SELECT id, created_at, body, interrupted FROM following
     UNION ALL
     SELECT id, created_at, body, interrupted FROM untried
 )
