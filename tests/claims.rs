@@ -85,6 +85,7 @@ async fn a_claim_stops_at_the_byte_budget_but_always_takes_one_row() {
         ids[..2],
         "400 + 400 fit in 1000 bytes, a third row would not"
     );
+    assert!(first.cut_by_bytes, "the claim says it left rows out");
 
     let second = store.claim(budget, LEASE, Ordering::None).await.unwrap();
     let taken: Vec<Uuid> = second.events.iter().map(|e| e.id).collect();
@@ -97,11 +98,14 @@ async fn a_claim_stops_at_the_byte_budget_but_always_takes_one_row() {
     let third = store.claim(budget, LEASE, Ordering::None).await.unwrap();
     let taken: Vec<Uuid> = third.events.iter().map(|e| e.id).collect();
     assert_eq!(taken, ids[3..4], "a row as large as the budget is taken alone");
+    assert!(third.cut_by_bytes, "the last row did not fit beside it");
 
     let ordered = store.claim(budget, LEASE, Ordering::Aggregate).await;
     // Under per-aggregate ordering the last row waits for its predecessors,
     // which are leased, not published: nothing to claim.
-    assert!(ordered.unwrap().events.is_empty());
+    let ordered = ordered.unwrap();
+    assert!(ordered.events.is_empty());
+    assert!(!ordered.cut_by_bytes);
     assert_eq!(
         db.count("attempt_count = 1").await,
         4,

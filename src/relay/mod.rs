@@ -375,6 +375,7 @@ impl Relay {
             let mut claim_again = false;
             let batch = match claim {
                 Ok(batch) => {
+                    let claimed_rows = batch.events.len() + batch.unpublishable.len();
                     if let (Some(scope), Some(window)) = (&scope, window) {
                         // Only a row on its first attempt from the window's
                         // start on surely came from the window (a retried
@@ -393,7 +394,11 @@ impl Relay {
                             scope,
                             window,
                             measured,
-                            Taken::of(batch.events.len() + batch.unpublishable.len(), last_in_window),
+                            Taken::of(
+                                claimed_rows,
+                                last_in_window,
+                                claimed_rows < plan.rows as usize && !batch.cut_by_bytes,
+                            ),
                             claimed_at.elapsed(),
                         );
                     } else if let Some(scope) = &scope {
@@ -402,7 +407,7 @@ impl Relay {
                             scope,
                             start,
                             claimed_at,
-                            batch.events.len() + batch.unpublishable.len() >= plan.rows as usize,
+                            claimed_rows >= plan.rows as usize,
                             batch
                                 .events
                                 .iter()

@@ -127,11 +127,17 @@ pub enum Taken {
 
 impl Taken {
     /// What a claim that returned `rows` rows took, `last` the last of
-    /// those it can publish.
-    pub fn of(rows: usize, last: Option<RowKey>) -> Self {
+    /// those it can publish that came from its window; `read_to_end`: the
+    /// claim had room for more rows and the byte budget left none out, so
+    /// its window held nothing else it could take. Such a claim whose rows
+    /// all came from elsewhere (retries, an ordered claim's next rows of
+    /// aggregates just published) moves the window on as one that took
+    /// nothing does; otherwise a stream of those would hold it where it is.
+    pub fn of(rows: usize, last: Option<RowKey>, read_to_end: bool) -> Self {
         match (rows, last) {
             (_, Some(last)) => Self::UpTo(last),
             (0, None) => Self::Nothing,
+            (_, None) if read_to_end => Self::Nothing,
             (_, None) => Self::Unplaced,
         }
     }
@@ -466,7 +472,13 @@ mod tests {
         let now = Instant::now();
         let windows = swept(now);
         let tail = windows.next(&one_down(), now);
-        windows.claimed(&one_down(), tail, Some((at(200), 5)), Taken::of(3, None), MS);
+        windows.claimed(
+            &one_down(),
+            tail,
+            Some((at(200), 5)),
+            Taken::of(3, None, false),
+            MS,
+        );
         assert_eq!(windows.next(&one_down(), now).from, behind(100));
     }
 
@@ -639,5 +651,30 @@ mod tests {
         assert_eq!(waiting.len(), MOST_PUBLISHED_WAITING);
         assert_eq!(waiting.first().map(String::as_str), Some("1"));
         assert_eq!(waiting.last().map(String::as_str), Some("newest"));
+    }
+
+    #[test]
+    fn a_claim_whose_rows_all_came_from_elsewhere_moves_the_window_on_only_if_it_read_it_all() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let tail = windows.next(&one_down(), now);
+        // Full, or cut by the byte budget: rows of the window may be left.
+        windows.claimed(
+            &one_down(),
+            tail,
+            Some((at(200), FULL)),
+            Taken::of(100, None, false),
+            MS,
+        );
+        assert_eq!(windows.next(&one_down(), now).from, behind(100));
+        let tail = windows.next(&one_down(), now);
+        windows.claimed(
+            &one_down(),
+            tail,
+            Some((at(200), FULL)),
+            Taken::of(7, None, true),
+            MS,
+        );
+        assert_eq!(windows.next(&one_down(), now).from, Some(at(200)));
     }
 }

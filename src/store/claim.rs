@@ -29,6 +29,8 @@ pub struct Claimed {
     /// died or stalled while publishing them), which the relay publishes
     /// one at a time.
     pub interrupted: Vec<Uuid>,
+    /// Whether the byte budget left out rows the claim could have taken.
+    pub cut_by_bytes: bool,
 }
 
 /// A claimed row the relay cannot publish as it is.

@@ -913,6 +913,10 @@ impl Store {
                     Err(unpublishable) => claimed.unpublishable.push(unpublishable),
                 }
             }
+            claimed.cut_by_bytes = rows
+                .first()
+                .and_then(|row| row.try_get::<_, Option<i64>>(10).ok().flatten())
+                .is_some_and(|left_out| left_out > 0);
             // UPDATE … RETURNING gives no order guarantee.
             claimed.events.sort_by_key(|e| (e.created_at, e.id));
             Ok(claimed)

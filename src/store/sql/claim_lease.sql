@@ -12,7 +12,9 @@
 -- more than a batch.
 --
 -- Each column is read through its shared cast (see casts.rs), as the
--- admin commands read it.
+-- admin commands read it. The last column, on every row, is how many
+-- candidates the byte budget left out: a claim that left none and took
+-- fewer rows than $1 read all it could (see relay/windows.rs).
 --
 -- Neither column set here is in an index (migrations/0008_hot_lease.sql):
 -- the lease is a HOT update when the row's page has room, which the
@@ -38,4 +40,5 @@ WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
 RETURNING t.id, {read:t.causation_id}, {read:t.event_type}, {read:t.aggregate_id},
           CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
           b.payload_bytes, {read:t.created_at}, {read:t.attempt_count},
-          {headers}, b.interrupted
+          {headers}, b.interrupted,
+          (SELECT count(*) FROM due) - (SELECT count(*) FROM budgeted)
