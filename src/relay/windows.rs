@@ -46,9 +46,12 @@
 //! leave each to a sweep, the relay hands the aggregates it has just
 //! published to its next claims ([`ClaimWindows::published`],
 //! [`ClaimWindows::take_published`]), which take their heads behind the
-//! window wherever they lie (see store/sql/claim_ordered.sql). A head one
-//! of those claims leaves (its payload past the byte budget) waits for the
-//! next sweep.
+//! window wherever they lie (see store/sql/claim_ordered.sql). A shortcut,
+//! not a guarantee: a head it misses (left out by the byte budget, not due
+//! yet, its predecessor published by another replica or before a restart,
+//! its aggregate dropped from a list grown past
+//! [`MOST_PUBLISHED_WAITING`], or given to a claim that failed) waits for
+//! the next sweep, as any row behind the tail does.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
