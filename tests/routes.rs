@@ -1282,6 +1282,7 @@ async fn found_past_a_long_backlog_of_a_destination_that_is_down(ordered_relay: 
     );
     nothing_charged_while_down(&db, &waiting).await;
     proxy.refuse(false);
+    let back = Instant::now();
     let received = rabbit_receive_all(&ledger, &id_set(&waiting)).await;
     assert_eq!(
         distinct(&received),
@@ -1289,6 +1290,10 @@ async fn found_past_a_long_backlog_of_a_destination_that_is_down(ordered_relay: 
         "every ledger row once it is back"
     );
     recovered(&db, port, ("ledger", "rabbitmq"), &waiting).await;
+    eprintln!(
+        "{WAITING} waiting rows published in {:.1?} once their destination was back",
+        back.elapsed()
+    );
     still_running_then_clean_up(relay, orders, ledger).await;
 }
 
