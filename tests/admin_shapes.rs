@@ -374,6 +374,52 @@ async fn ordered_claims_look_up_aggregates_of_a_domain_type_beside_a_not_null_do
     .await;
 }
 
+/// An `aggregate_id` of an array type: each aggregate an ordered claim is
+/// given is cast as one value, not taken apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn ordered_claims_look_up_aggregates_of_an_array_type() {
+    let db = migrated(&Shape {
+        columns: &[("aggregate_id", "TEXT[] NOT NULL")],
+        before: "",
+    })
+    .await;
+    let mut ids = Vec::new();
+    for aggregate in ["{a,b}", "{c}"] {
+        let id = Uuid::new_v4();
+        db.client
+            .execute(
+                "INSERT INTO outbox_event (id, causation_id, event_type, aggregate_id, payload, created_at)
+                 VALUES ($1, $1, 'order.created', $2::text::text[], '{}', now() - interval '1 hour')",
+                &[&id, &aggregate],
+            )
+            .await
+            .expect("insert a row");
+        ids.push(id);
+    }
+    let store = Store::new(&store_settings(&db), 1);
+    let past_every_row = ClaimStart::Window {
+        from: Some((Utc::now() + TimeDelta::hours(1), Uuid::nil())),
+        to: None,
+    };
+    let claimed = store
+        .claim_following(
+            ClaimBudget {
+                rows: 10,
+                bytes: 1024 * 1024,
+                max_payload: 1024 * 1024,
+            },
+            std::time::Duration::from_secs(600),
+            Ordering::Aggregate,
+            None,
+            past_every_row,
+            &["{a,b}".to_owned()],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("ordered claim given an array aggregate: {e}"));
+    let claimed: Vec<Uuid> = claimed.events.iter().map(|event| event.id).collect();
+    assert_eq!(claimed, ids[..1], "the row of aggregate {{a,b}} alone");
+}
+
 /// A producer's `last_error` shorter than the relay's reasons (up to
 /// 1,000 characters): each reason is cut to the column's length, on the
 /// column's own `varchar(n)` and on a domain's. Before, the one statement
@@ -502,12 +548,23 @@ async fn routes_match_event_types_on(shape: Shape) {
     // An ordered window that starts past every row takes, behind its
     // start, only the next rows of the aggregates just published, named as
     // the relay reads them, as text, whatever the column's type (each row
-    // here is its own aggregate, named by its id).
+    // here is its own aggregate, its id as the value).
     let past_every_row = ClaimStart::Window {
         from: Some((Utc::now() + TimeDelta::hours(1), Uuid::nil())),
         to: None,
     };
-    let published = vec![orders[0].to_string(), invoice.to_string()];
+    let mut published = Vec::new();
+    for id in [orders[0], invoice] {
+        let row = db
+            .client
+            .query_one(
+                "SELECT aggregate_id::text FROM outbox_event WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .expect("read an aggregate as the relay does");
+        published.push(row.get::<_, String>(0));
+    }
     let claimed = store
         .claim_following(
             budget,

@@ -47,9 +47,9 @@
 //! published to its next claims ([`ClaimWindows::published`],
 //! [`ClaimWindows::take_published`]), which take their heads behind the
 //! window wherever they lie (see store/sql/claim_ordered.sql). A shortcut,
-//! not a guarantee: a head it misses (left out by the byte budget, not due
-//! yet, its predecessor published by another replica or before a restart,
-//! its aggregate dropped from a list grown past
+//! not a guarantee: a head it misses (left out by the claim's row or byte
+//! budget, not due yet, its predecessor published by another replica or
+//! before a restart, its aggregate dropped from a list grown past
 //! [`MOST_PUBLISHED_WAITING`], or given to a claim that failed) waits for
 //! the next sweep, as any row behind the tail does.
 

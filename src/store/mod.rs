@@ -913,10 +913,14 @@ impl Store {
                     Err(unpublishable) => claimed.unpublishable.push(unpublishable),
                 }
             }
+            // Unreadable, it counts as a cut: the caller then assumes rows
+            // may be left, which only costs a window read again.
             claimed.cut_by_bytes = rows
                 .first()
-                .and_then(|row| row.try_get::<_, Option<i64>>(10).ok().flatten())
-                .is_some_and(|left_out| left_out > 0);
+                .is_some_and(|row| match row.try_get::<_, Option<i64>>(10) {
+                    Ok(left_out) => left_out.unwrap_or(0) > 0,
+                    Err(_) => true,
+                });
             // UPDATE … RETURNING gives no order guarantee.
             claimed.events.sort_by_key(|e| (e.created_at, e.id));
             Ok(claimed)
@@ -1201,7 +1205,8 @@ mod tests {
                         .count(),
                     2
                 );
-                assert!(statement.contains("unnest($7::text[])::{aggregate_type}"));
+                assert!(statement.contains("given::{aggregate_type} AS aggregate_id"));
+                assert!(statement.contains("FROM unnest($7::text[]) AS given"));
             }
         }
         assert!(!statements.claims.claim[0].contains("$7"));

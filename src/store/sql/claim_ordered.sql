@@ -36,7 +36,10 @@
 -- row is fresh, due, free and behind the start; if it is not, no row of
 -- the aggregate is a head. Behind the start only, so that no row is both
 -- there and in the window; rows that failed before come from `tried`.
--- The row itself is then read by its id, and its conditions written so
+-- The cast is of each value, so that it works for a column of an array
+-- or composite type too. The row itself is then read by its id and
+-- created_at (on a partitioned table, from its own partition alone), and
+-- its conditions written so
 -- that they imply no claim path index's predicate (one `num_nulls` test,
 -- not the fresh index's two `IS NULL` tests): with an earlier form of
 -- this path PostgreSQL read the fresh index from the oldest row to the
@@ -75,16 +78,17 @@ WITH tried AS (
 following AS (
     SELECT t.id, t.created_at, {read:t.payload} AS body,
            (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
-    FROM unnest(ARRAY(SELECT DISTINCT unnest($7::text[])::{aggregate_type})) AS published(aggregate_id)
+    FROM (SELECT DISTINCT given::{aggregate_type} AS aggregate_id
+          FROM unnest($7::text[]) AS given) AS published
     CROSS JOIN LATERAL (
-        SELECT first.id
+        SELECT first.id, first.created_at
         FROM {table} AS first
         WHERE first.aggregate_id = published.aggregate_id
           AND first.published_at IS NULL
         ORDER BY {head_order}
         LIMIT 1
     ) AS head
-    JOIN {table} AS t ON t.id = head.id
+    JOIN {table} AS t ON t.id = head.id AND t.created_at = head.created_at
     WHERE t.published_at IS NULL
       AND num_nulls(t.quarantined_at, t.last_error) = 2
       AND t.next_attempt_at <= now()
