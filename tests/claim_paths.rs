@@ -881,3 +881,62 @@ async fn the_next_rows_of_the_aggregates_just_published_are_found_without_readin
         "the path for the aggregates just published does not read the aggregate index:\n{plan}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_sequence_number_the_next_row_of_an_aggregate_just_published_is_the_next_in_sequence() {
+    let db = TestDb::migrated().await;
+    db.client
+        .batch_execute("ALTER TABLE outbox_event ADD COLUMN sequence_number BIGINT")
+        .await
+        .expect("add the producer's sequence column");
+    // Created in the order first, second, third; numbered 3, 1, 2.
+    let mut rows = Vec::new();
+    for (n, sequence) in [3i64, 1, 2].into_iter().enumerate() {
+        let id = Uuid::new_v4();
+        db.client
+            .execute(
+                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at, sequence_number)
+                 VALUES ($1, 'order.created', 'numbered', '{}',
+                         now() - interval '1 minute' + $2::int * interval '1 millisecond', $3)",
+                &[&id, &(n as i32), &sequence],
+            )
+            .await
+            .expect("insert a row");
+        rows.push(id);
+    }
+    let store = store(&db);
+    let past_every_row = ClaimStart::Window {
+        from: Some((chrono::Utc::now() + chrono::TimeDelta::hours(1), Uuid::nil())),
+        to: None,
+    };
+    let published = ["numbered".to_owned()];
+    let mut taken = Vec::new();
+    for _ in 0..3 {
+        let claimed = store
+            .claim_following(
+                budget(100),
+                LEASE,
+                Ordering::Aggregate,
+                None,
+                past_every_row,
+                &published,
+            )
+            .await
+            .unwrap();
+        let claimed = ids(&claimed);
+        assert_eq!(claimed.len(), 1, "one head at a time: {claimed:?}");
+        db.client
+            .execute(
+                "UPDATE outbox_event SET published_at = now(), leased_until = NULL WHERE id = $1",
+                &[&claimed[0]],
+            )
+            .await
+            .expect("publish it");
+        taken.push(claimed[0]);
+    }
+    assert_eq!(
+        taken,
+        [rows[1], rows[2], rows[0]],
+        "in sequence_number order, not created_at"
+    );
+}
