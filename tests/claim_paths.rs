@@ -394,7 +394,12 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             render(
                 &include_str!("../src/store/sql/claim_ordered.sql")
                     .replace("{route_filter}", "")
-                    .replace("{window_end}", ""),
+                    .replace(
+                        "{window_end}",
+                        &WINDOW_END
+                            .replace("$9::timestamptz", "$8::timestamptz")
+                            .replace("$10::uuid", "$9::uuid"),
+                    ),
             ),
             false,
             false,
@@ -425,6 +430,8 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         if filtered {
             params.push(&patterns);
             params.push(&take);
+        }
+        if filtered || ordered {
             params.push(&window_end.0);
             params.push(&window_end.1);
         }
@@ -471,7 +478,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
                 "{what} reads the fresh index behind its start:\n{plan}"
             );
         }
-        if filtered {
+        if filtered || ordered {
             assert!(
                 stops_at_window_end(&plan),
                 "{what} reads past where its window ends:\n{plan}"

@@ -311,24 +311,23 @@ impl Relay {
                 scope
             });
             // A claim that leaves some destination's rows out reads one
-            // window of the fresh index (see windows.rs); a probe reads
+            // window of the fresh index (see windows.rs), and so does every
+            // ordered claim: behind an aggregate whose head is in flight,
+            // every other row of it is one it cannot take, and a claim from
+            // the oldest row would step over all of them. A probe reads
             // only its destination's rows, the oldest of which come first.
             let window = match &scope {
-                Some(scope) if filter.is_some() => Some(self.windows.next(scope, claimed_at)),
+                Some(scope) if filter.is_some() || self.config.ordering == Ordering::Aggregate => {
+                    Some(self.windows.next(scope, claimed_at))
+                }
                 _ => None,
             };
             // An ordered claim also looks for the next rows of the
-            // aggregates just published (see windows.rs).
+            // aggregates just published (see windows.rs); a window from the
+            // oldest row has nothing behind it.
             let published = match (self.config.ordering, window) {
-                // A window from the oldest row has nothing behind it.
                 (Ordering::Aggregate, Some(window)) if window.from.is_some() => {
                     self.windows.take_published(plan.rows as usize)
-                }
-                // Nothing left out: the claim reads from the oldest row and
-                // finds every head itself.
-                (Ordering::Aggregate, None) if filter.is_none() => {
-                    self.windows.take_published(usize::MAX);
-                    Vec::new()
                 }
                 _ => Vec::new(),
             };

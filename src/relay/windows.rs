@@ -36,8 +36,11 @@
 //! open now, there is no tail: every worker's claims follow that first
 //! sweep, which is then the drain.
 //!
-//! A claim with every destination open has nothing to filter out and does
-//! not use windows (see claim_start.rs).
+//! An unordered claim with every destination open has nothing to filter
+//! out and does not use windows (see claim_start.rs). Ordered claims
+//! always do: behind an aggregate whose head is in flight, every row of
+//! it is one they cannot take, which a claim from the oldest row would
+//! step over each time, as it would a down destination's.
 //!
 //! Ordered claims (`OUTBOX_ORDERING=aggregate`) read the same windows. The
 //! tail passes over the rows a window could not take, and in an ordered

@@ -191,11 +191,15 @@ impl ClaimStatements {
             )
         };
         // The ordered claims' fifth to seventh parameters are where their
-        // fresh path starts and the aggregates just published (see
-        // claim_ordered.sql).
+        // fresh path starts and the aggregates just published, then come
+        // the filter's, if any, and where the fresh path stops: every
+        // ordered claim reads in windows (see claim_ordered.sql).
         let ordered = include_str!("sql/claim_ordered.sql")
             .replace("{route_filter}", &filter("t.event_type", 8))
-            .replace("{window_end}", &window_end(10));
+            .replace(
+                "{window_end}",
+                &window_end_condition(if routes == 0 { 8 } else { 10 }),
+            );
         Self {
             claim: claim(&plain_claim),
             claim_after_mark: claim_after(include_str!("sql/mark_published.sql")),
@@ -254,6 +258,12 @@ fn window_end(first: usize, routes: usize) -> String {
     if routes == 0 {
         return String::new();
     }
+    window_end_condition(first)
+}
+
+/// Where a claim's fresh path stops: `$first` timestamptz and `$first+1`
+/// uuid, inclusive; NULL reads to the newest row.
+fn window_end_condition(first: usize) -> String {
     let (created_at, id) = (first, first + 1);
     format!(
         "\n      AND (created_at, id) <= (COALESCE(${created_at}::timestamptz, 'infinity'),\n                               COALESCE(${id}::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))"
@@ -700,14 +710,21 @@ impl Store {
                 let mut params: Vec<Param<'_>> = vec![(&from, Type::TIMESTAMPTZ), (&from_id, Type::UUID)];
                 let ordered_sql;
                 let sql = match ordering {
-                    Ordering::None => sql,
+                    Ordering::None => {
+                        push_filter_and_end(&mut params, filter, &end);
+                        sql
+                    }
                     Ordering::Aggregate => {
+                        // Every ordered claim has a window end, routed or
+                        // not (see claim_ordered.sql).
                         params.push((&published, Type::TEXT_ARRAY));
+                        push_filter(&mut params, filter);
+                        params.push((&end.0, Type::TIMESTAMPTZ));
+                        params.push((&end.1, Type::UUID));
                         ordered_sql = sql.replace("{aggregate_type}", &self.aggregate_type().await?);
                         &ordered_sql
                     }
                 };
-                push_filter_and_end(&mut params, filter, &end);
                 let plan = match ordering {
                     Ordering::None => Plan::Generic,
                     // Their statements are not written for a generic plan.
@@ -1237,6 +1254,9 @@ mod tests {
                 .count(),
             1
         );
-        assert!(!statements.claims.claim_ordered[0].contains("$8"));
+        // Every ordered claim reads in windows: the end follows the
+        // aggregates just published, or the filter's parameters.
+        assert!(statements.claims.claim_ordered[0].contains("COALESCE($8::timestamptz, 'infinity')"));
+        assert!(!statements.claims.claim_ordered[0].contains("$10"));
     }
 }
