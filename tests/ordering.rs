@@ -188,3 +188,71 @@ async fn a_sequence_number_column_orders_an_aggregate_when_present() {
     );
     broker.cleanup().await;
 }
+
+/// Index entries of the fresh index read so far, as PostgreSQL's
+/// statistics count them (a backend reports them within seconds of going
+/// idle).
+async fn fresh_index_reads(db: &TestDb) -> i64 {
+    db.client
+        .query_one(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'outbox_event_fresh_idx'",
+            &[],
+        )
+        .await
+        .expect("read the fresh index's statistics")
+        .get(0)
+}
+
+/// Behind an aggregate's head in flight, every other row of it is one no
+/// claim can take. A claim from the oldest row stepped over all of them
+/// each time, so a long queue of few aggregates drained in time quadratic
+/// in its length, and past `statement_timeout` not at all. Claims read in
+/// windows and take each aggregate's next row by its aggregate instead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_queue_of_few_aggregates_drains_in_order_without_each_claim_reading_all_of_it() {
+    const AGGREGATES: usize = 20;
+    const PER_AGGREGATE: usize = 1_000;
+    const ROWS: usize = AGGREGATES * PER_AGGREGATE;
+    // Time for the relay's connections to report their reads once idle.
+    const STATISTICS_DELAY: Duration = Duration::from_secs(11);
+    const MOST_READS_PER_ROW: usize = 100;
+    let db = TestDb::migrated().await;
+    let broker = TestBroker::create("#").await;
+    let expected = insert_interleaved(&db, AGGREGATES, PER_AGGREGATE).await;
+    let reads_before = fresh_index_reads(&db).await;
+    let _relay = RelayProcess::start(&db, &ordered(&broker, &[]));
+
+    let received = broker.receive(ROWS, WAIT).await;
+    assert_eq!(received.len(), ROWS);
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    for message in received {
+        let aggregate = message.headers.get("aggregate_id").cloned().unwrap();
+        let ids = seen.entry(aggregate).or_default();
+        if !ids.contains(&message.message_id) {
+            ids.push(message.message_id);
+        }
+    }
+    assert_eq!(
+        seen, expected,
+        "first deliveries per aggregate follow (created_at, id)"
+    );
+    eventually(WAIT, "every row is marked published", || async {
+        db.count("published_at IS NULL").await == 0
+    })
+    .await;
+    tokio::time::sleep(STATISTICS_DELAY).await;
+    let reads = fresh_index_reads(&db).await - reads_before;
+    eprintln!(
+        "{ROWS} rows of {AGGREGATES} aggregates drained in order: {reads} fresh-index entries read ({:.1} per row)",
+        reads as f64 / ROWS as f64
+    );
+    // Windows of 2,000 entries and sweeps read about 20 a row here; claims
+    // from the oldest row read the rest of the queue each time, thousands
+    // a row (they did not drain it within WAIT).
+    assert!(
+        reads <= (MOST_READS_PER_ROW * ROWS) as i64,
+        "the claims read {reads} entries of the fresh index to drain {ROWS} rows (at most \
+         {MOST_READS_PER_ROW} a row expected)"
+    );
+    broker.cleanup().await;
+}
