@@ -462,11 +462,7 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             // The path that finds the next rows of the aggregates just
             // published, behind where the fresh path starts, reads only
             // those aggregates: never the fresh index up to the start.
-            let following = plan
-                .split("CTE following")
-                .nth(1)
-                .and_then(|rest| rest.split("CTE untried").next())
-                .unwrap_or_else(|| panic!("{what} has no following path:\n{plan}"));
+            let following = following_path(&plan, what);
             assert!(
                 following.contains("outbox_event_aggregate_idx")
                     && following.contains("Index Cond: (aggregate_id = published.aggregate_id)"),
@@ -505,6 +501,15 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         plan.contains("outbox_event_fresh_idx") && descends_to_start(&plan) && !plan.contains("Seq Scan"),
         "the fresh window does not descend the fresh index to where it starts:\n{plan}"
     );
+}
+
+/// The part of an ordered claim's plan that finds the next rows of the
+/// aggregates just published (the `following` path).
+fn following_path<'a>(plan: &'a str, what: &str) -> &'a str {
+    plan.split("CTE following")
+        .nth(1)
+        .and_then(|rest| rest.split("CTE untried").next())
+        .unwrap_or_else(|| panic!("{what} has no following path:\n{plan}"))
 }
 
 /// The plan descends the fresh index to where its claim starts.
@@ -874,11 +879,7 @@ async fn the_next_rows_of_the_aggregates_just_published_are_found_without_readin
         .map(|row| row.get(0))
         .collect();
     let plan = plan.join("\n");
-    let following = plan
-        .split("CTE following")
-        .nth(1)
-        .and_then(|rest| rest.split("CTE untried").next())
-        .unwrap_or_else(|| panic!("no following path:\n{plan}"));
+    let following = following_path(&plan, "the routed ordered claim");
     assert!(
         !following.contains("outbox_event_fresh_idx") && !following.contains("Rows Removed by Filter: 20000"),
         "the path for the aggregates just published reads the waiting rows:\n{plan}"

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{eventually, RelayProcess, TestBroker, TestDb};
+use common::{eventually, Received, RelayProcess, TestBroker, TestDb};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -57,6 +57,20 @@ async fn insert_interleaved(
     order
 }
 
+/// The ids of `received`, per aggregate, in the order of their first
+/// delivery (a redelivery is at-least-once, not disorder).
+fn first_deliveries_per_aggregate(received: Vec<Received>) -> HashMap<String, Vec<String>> {
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    for message in received {
+        let aggregate = message.headers.get("aggregate_id").cloned().unwrap();
+        let ids = seen.entry(aggregate).or_default();
+        if !ids.contains(&message.message_id) {
+            ids.push(message.message_id);
+        }
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn two_replicas_publish_each_aggregate_in_order() {
     let db = TestDb::migrated().await;
@@ -68,14 +82,7 @@ async fn two_replicas_publish_each_aggregate_in_order() {
 
     let received = broker.receive(1_200, WAIT).await;
     assert_eq!(received.len(), 1_200);
-    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
-    for message in received {
-        let aggregate = message.headers.get("aggregate_id").cloned().unwrap();
-        let ids = seen.entry(aggregate).or_default();
-        if !ids.contains(&message.message_id) {
-            ids.push(message.message_id);
-        }
-    }
+    let seen = first_deliveries_per_aggregate(received);
     assert_eq!(
         seen, expected,
         "first deliveries per aggregate follow (created_at, id)"
@@ -189,20 +196,6 @@ async fn a_sequence_number_column_orders_an_aggregate_when_present() {
     broker.cleanup().await;
 }
 
-/// Index entries of the fresh index read so far, as PostgreSQL's
-/// statistics count them (a backend reports them within seconds of going
-/// idle).
-async fn fresh_index_reads(db: &TestDb) -> i64 {
-    db.client
-        .query_one(
-            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'outbox_event_fresh_idx'",
-            &[],
-        )
-        .await
-        .expect("read the fresh index's statistics")
-        .get(0)
-}
-
 /// Behind an aggregate's head in flight, every other row of it is one no
 /// claim can take. A claim from the oldest row stepped over all of them
 /// each time, so a long queue of few aggregates drained in time quadratic
@@ -219,19 +212,12 @@ async fn a_long_queue_of_few_aggregates_drains_in_order_without_each_claim_readi
     let db = TestDb::migrated().await;
     let broker = TestBroker::create("#").await;
     let expected = insert_interleaved(&db, AGGREGATES, PER_AGGREGATE).await;
-    let reads_before = fresh_index_reads(&db).await;
+    let reads_before = db.fresh_index_reads().await;
     let _relay = RelayProcess::start(&db, &ordered(&broker, &[]));
 
     let received = broker.receive(ROWS, WAIT).await;
     assert_eq!(received.len(), ROWS);
-    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
-    for message in received {
-        let aggregate = message.headers.get("aggregate_id").cloned().unwrap();
-        let ids = seen.entry(aggregate).or_default();
-        if !ids.contains(&message.message_id) {
-            ids.push(message.message_id);
-        }
-    }
+    let seen = first_deliveries_per_aggregate(received);
     assert_eq!(
         seen, expected,
         "first deliveries per aggregate follow (created_at, id)"
@@ -241,7 +227,7 @@ async fn a_long_queue_of_few_aggregates_drains_in_order_without_each_claim_readi
     })
     .await;
     tokio::time::sleep(STATISTICS_DELAY).await;
-    let reads = fresh_index_reads(&db).await - reads_before;
+    let reads = db.fresh_index_reads().await - reads_before;
     eprintln!(
         "{ROWS} rows of {AGGREGATES} aggregates drained in order: {reads} fresh-index entries read ({:.1} per row)",
         reads as f64 / ROWS as f64

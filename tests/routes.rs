@@ -1150,19 +1150,6 @@ async fn a_destination_denying_every_request_holds_back_only_its_rows() {
     still_running_then_clean_up(relay, orders, ledger).await;
 }
 
-/// Index entries of the fresh index read so far, as PostgreSQL's
-/// statistics count them (up to [`STATISTICS_DELAY`] late).
-async fn fresh_index_reads(db: &TestDb) -> i64 {
-    db.client
-        .query_one(
-            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'outbox_event_fresh_idx'",
-            &[],
-        )
-        .await
-        .expect("read the fresh index's statistics")
-        .get(0)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_of_a_destination_that_is_up_are_found_past_a_long_backlog_of_one_that_is_down() {
     found_past_a_long_backlog_of_a_destination_that_is_down(false).await;
@@ -1209,7 +1196,7 @@ async fn found_past_a_long_backlog_of_a_destination_that_is_down(ordered_relay: 
     // One at a time, as a producer commits them: each is found past the
     // backlog, which is not read again for each claim.
     tokio::time::sleep(STATISTICS_DELAY).await;
-    let reads_before = fresh_index_reads(&db).await;
+    let reads_before = db.fresh_index_reads().await;
     let started = Instant::now();
     let mut one_by_one = Vec::new();
     let mut aggregates = 0;
@@ -1231,7 +1218,7 @@ async fn found_past_a_long_backlog_of_a_destination_that_is_down(ordered_relay: 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(STATISTICS_DELAY).await;
-    let reads = fresh_index_reads(&db).await - reads_before;
+    let reads = db.fresh_index_reads().await - reads_before;
     // The relay went on claiming while the statistics caught up: the
     // count covers the time between the two readings.
     let window = started.elapsed();

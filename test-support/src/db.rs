@@ -106,6 +106,20 @@ impl<R> TestDb<R> {
         ids
     }
 
+    /// Index entries of the outbox's fresh index read so far, as
+    /// PostgreSQL's statistics count them: a backend reports its reads
+    /// within about ten seconds of going idle.
+    pub async fn fresh_index_reads(&self) -> i64 {
+        self.client
+            .query_one(
+                "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'outbox_event_fresh_idx'",
+                &[],
+            )
+            .await
+            .expect("read the fresh index's statistics")
+            .get(0)
+    }
+
     /// Count of rows matching a WHERE clause.
     pub async fn count(&self, condition: &str) -> i64 {
         self.client
