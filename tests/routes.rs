@@ -990,6 +990,90 @@ async fn a_destination_whose_queue_is_full_holds_back_only_its_rows() {
     still_running_then_clean_up(relay, orders, ledger).await;
 }
 
+/// While one destination is cut off with a long backlog and another's
+/// queue is full, the relay probes the full one with a few of its rows
+/// every few seconds. Each probe reads on from where the last found its
+/// rows, a window or two of the fresh index, rather than every waiting row
+/// of the other destination from the oldest on: with millions waiting, a
+/// probe from the oldest row takes seconds of the database's time, and
+/// past `statement_timeout` it fails every time and the full destination
+/// never gets its rows out. Once the queue has room, they are published.
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_of_a_full_destination_do_not_step_over_the_backlog_of_one_that_is_cut_off() {
+    // Rows of the cut-off destination, all older than the full one's.
+    const WAITING: usize = 50_000;
+    const ROOM: usize = 100;
+    // Fewer than a probe takes, so each probe takes every one.
+    const LEDGER_ROWS: usize = 8;
+    // A claim counts an attempt on each row, and giving it back refunds it.
+    const UPDATES_PER_PROBE: i64 = 2 * LEDGER_ROWS as i64;
+    // A probe from where the last found its rows measures and claims a
+    // window or two of 2,000 entries; one from the oldest reads the whole
+    // backlog.
+    const MAX_READS_PER_PROBE: i64 = WAITING as i64 / 5;
+    let db = TestDb::migrated().await;
+    let orders = TestQueue::create(false, None).await;
+    let (orders_proxy, orders_url) = Proxy::in_front_of(&sqs_endpoint()).await;
+    let ledger = TestBroker::create_rejecting_beyond("#", ROOM as i64).await;
+    ledger.fill(ROOM).await;
+    let port = free_port();
+    let file = orders_and_ledger(port, &orders, &orders_url, &ledger, &ledger.url);
+    orders_proxy.refuse(true);
+    let waiting = db.insert_events(WAITING, "order.created").await;
+    let ledger_ids = db.insert_events(LEDGER_ROWS, "ledger.entry").await;
+    let relay = start_relay(&db, &file, &[]);
+    metrics_show(
+        port,
+        WAIT,
+        &[
+            ("outbox_destination_ready", &[("destination", "orders")], 0.0),
+            ("outbox_destination_ready", &[("destination", "ledger")], 0.0),
+        ],
+    )
+    .await;
+
+    // The probes' spacing grows to its cap of 5 s meanwhile, and the
+    // statistics catch up with the reads before it.
+    tokio::time::sleep(STATISTICS_DELAY).await;
+    let reads_before = db.fresh_index_reads().await;
+    let updates_before = row_updates(&db).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let reads = db.fresh_index_reads().await - reads_before;
+    let probes = (row_updates(&db).await - updates_before) / UPDATES_PER_PROBE;
+    eprintln!(
+        "{WAITING} rows of a cut-off destination waiting: {probes} probes of a full one read {reads} \
+         fresh-index entries"
+    );
+    assert!(probes >= 1, "the full destination was probed in 20 s");
+    assert!(
+        reads <= MAX_READS_PER_PROBE * probes,
+        "{probes} probes read {reads} entries of the fresh index, {} each (at most {MAX_READS_PER_PROBE} \
+         expected, {WAITING} rows of the other destination waiting before the probed rows)",
+        reads / probes
+    );
+    assert_eq!(
+        count_of(&db, &ledger_ids, "published_at IS NOT NULL").await,
+        0,
+        "nothing of ledger is published while its queue is full"
+    );
+    nothing_charged_while_down(&db, &ledger_ids).await;
+
+    ledger.purge().await;
+    let received = rabbit_receive_all(&ledger, &id_set(&ledger_ids)).await;
+    assert_eq!(
+        distinct(&received),
+        id_set(&ledger_ids),
+        "every ledger row once its queue has room"
+    );
+    recovered(&db, port, ("ledger", "rabbitmq"), &ledger_ids).await;
+    assert_eq!(
+        count_of(&db, &waiting, "published_at IS NOT NULL").await,
+        0,
+        "nothing of orders is published while it is cut off"
+    );
+    still_running_then_clean_up(relay, orders, ledger).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_destination_cut_off_mid_drain_holds_back_only_its_rows() {
     const LEDGER_ROWS: usize = 5_000;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::retry::Backoff;
+use crate::store::RowKey;
 
 /// Spacing of the probes while the broker defers batches: from 250 ms,
 /// doubling, capped at 5 s, jittered. Five seconds bounds both the request
@@ -74,6 +75,23 @@ struct Deferring {
     next_probe: Instant,
     /// A worker is publishing a probe batch now.
     probing: bool,
+    /// Where the probes read the destination's rows.
+    probes_at: ProbeCursor,
+}
+
+/// Where a destination's probes read its rows in the fresh index, in
+/// windows (see relay/windows.rs), when a claim leaves other destinations'
+/// rows out: from the oldest row, each probe would step over every row of
+/// another destination that is down, which can be millions, each time.
+/// Rows a probe took and the broker deferred are given back where they
+/// lie, so the next probe reads from the same place.
+#[derive(Debug, Default, Clone, Copy)]
+struct ProbeCursor {
+    /// Where the next probe reads from (`None`: the oldest row).
+    from: Option<RowKey>,
+    /// Where the probes' current pass towards the newest row started: a
+    /// pass from the oldest row that found nothing has read everything.
+    pass_from: Option<RowKey>,
 }
 
 /// What a worker may do next.
@@ -194,6 +212,7 @@ impl DestinationHealth {
                     batches,
                     next_probe: now + PROBE_SPACING.delay(batches),
                     probing: false,
+                    probes_at: ProbeCursor::default(),
                 });
             }
             (BatchHealth::Deferred(reason), Some(deferring)) => {
@@ -221,6 +240,53 @@ impl DestinationHealth {
         if let Some(deferring) = state.deferring.take() {
             state.last_ended = Some((Instant::now(), deferring.batches));
         }
+    }
+
+    /// Where a probe that reads in windows starts (`None`: the oldest row).
+    pub fn probe_start(&self) -> Option<RowKey> {
+        self.state()
+            .deferring
+            .as_ref()
+            .and_then(|deferring| deferring.probes_at.from)
+    }
+
+    /// The probe's window held rows of the destination: the next probe
+    /// reads from the same place, and a pass that finds nothing from
+    /// there to the newest row has not read what lies before it.
+    pub fn probe_took_rows(&self) {
+        if let Some(deferring) = self.state().deferring.as_mut() {
+            deferring.probes_at.pass_from = deferring.probes_at.from;
+        }
+    }
+
+    /// The probe's window, which ended at `end` short of the newest row,
+    /// held no row of the destination: the next probe reads on from
+    /// there, at once (the turn goes back with its time already come).
+    pub fn probe_read_past(&self, end: RowKey) {
+        if let Some(deferring) = self.state().deferring.as_mut() {
+            deferring.probes_at.from = Some(end);
+            deferring.probing = false;
+        }
+    }
+
+    /// The probe's window reached the newest row with no row of the
+    /// destination. If the probes' pass started at the oldest row, none
+    /// is due, and the outage ends as [`Self::probe_found_nothing`] ends
+    /// it; otherwise the next probe starts over from the oldest row, at
+    /// once. Returns whether the outage ended.
+    pub fn probe_reached_newest(&self) -> bool {
+        let mut state = self.state();
+        let Some(deferring) = state.deferring.as_mut() else {
+            return true;
+        };
+        if deferring.probes_at.pass_from.is_some() {
+            deferring.probes_at = ProbeCursor::default();
+            deferring.probing = false;
+            return false;
+        }
+        drop(state);
+        self.probe_found_nothing();
+        true
     }
 
     /// Why the destination's broker is not taking messages, in words;
@@ -367,6 +433,67 @@ mod tests {
         health.probe_found_nothing();
         assert_eq!(health.turn_at(later), Turn::Publish);
         assert!(health.problem().is_none());
+    }
+
+    fn key(second: i64) -> RowKey {
+        (
+            chrono::DateTime::from_timestamp(second, 0).expect("a time"),
+            uuid::Uuid::nil(),
+        )
+    }
+
+    #[test]
+    fn probes_read_on_from_where_the_last_one_found_rows() {
+        let health = DestinationHealth::default();
+        let mut now = Instant::now();
+        health.batch_settled_at(deferred(), now);
+        now += Duration::from_secs(1);
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        assert_eq!(
+            health.probe_start(),
+            None,
+            "the first probe reads from the oldest row"
+        );
+        // Windows of other destinations' rows: the next, at once.
+        health.probe_read_past(key(10));
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        assert_eq!(health.probe_start(), Some(key(10)));
+        health.probe_read_past(key(20));
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        health.probe_took_rows();
+        health.batch_settled_at(deferred(), now);
+        // The next probe, in its time, reads where the last found rows.
+        assert!(matches!(health.turn_at(now), Turn::Wait(_)));
+        now += PROBE_SPACING.max;
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        assert_eq!(health.probe_start(), Some(key(20)));
+        // Nothing from there to the newest row: what lies before is not
+        // read yet, so the outage goes on and the probes start over.
+        assert!(!health.probe_reached_newest());
+        assert!(health.problem().is_some());
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        assert_eq!(health.probe_start(), None);
+        health.probe_read_past(key(10));
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        // A pass from the oldest row that found nothing read everything.
+        assert!(health.probe_reached_newest());
+        assert!(health.problem().is_none());
+        assert_eq!(health.turn_at(now), Turn::Publish);
+    }
+
+    #[test]
+    fn a_new_outage_probes_from_the_oldest_row() {
+        let health = DestinationHealth::default();
+        let mut now = Instant::now();
+        health.batch_settled_at(deferred(), now);
+        now += Duration::from_secs(1);
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        health.probe_read_past(key(10));
+        assert_eq!(health.turn_at(now), Turn::Probe);
+        health.probe_took_rows();
+        health.batch_settled_at(BatchHealth::Answered, now);
+        health.batch_settled_at(deferred(), now);
+        assert_eq!(health.probe_start(), None);
     }
 
     #[test]

@@ -50,9 +50,9 @@ use crate::retry::Backoff;
 use crate::route::Router;
 use crate::sink::Outcome;
 pub use crate::store::OnPublish;
-use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, Store, StoreError};
+use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, RowKey, Store, StoreError};
 use claim_start::{ClaimFrontier, ClaimScope, ClaimStarts};
-use windows::{ClaimWindows, Taken, WINDOW_ROWS};
+use windows::{window_end, ClaimWindows, Taken, WINDOW_ROWS};
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -149,6 +149,8 @@ struct Plan {
     open: Vec<bool>,
     /// The destination this claim probes, alone.
     probe: Option<usize>,
+    /// Where a probe that reads in windows starts (`None`: the oldest row).
+    probe_from: Option<RowKey>,
     /// Whether rows no route matches are taken (to be quarantined).
     unrouted: bool,
 }
@@ -303,8 +305,10 @@ impl Relay {
                     .unwrap_or(0),
             };
             // A probe takes one destination's rows only: where it got to
-            // says nothing about the others', so it reads from the oldest
-            // row and moves no frontier.
+            // says nothing about the others', so it moves no frontier nor
+            // window. Where a claim leaves other destinations' rows out,
+            // it reads windows of its own (see health.rs, ProbeCursor);
+            // otherwise its destination's rows are the oldest.
             let scope: Option<ClaimScope> = plan.probe.is_none().then(|| {
                 let mut scope = plan.open.clone();
                 scope.push(plan.unrouted);
@@ -331,17 +335,25 @@ impl Relay {
                 }
                 _ => Vec::new(),
             };
-            let (measured, unmeasured) = match window {
-                Some(window) => match self.store.fresh_window(window.from, WINDOW_ROWS).await {
+            let probe_from = match plan.probe {
+                Some(_) if !self.route_patterns.is_empty() => Some(plan.probe_from),
+                _ => None,
+            };
+            let (measured, unmeasured) = match window.map(|window| window.from).or(probe_from) {
+                Some(from) => match self.store.fresh_window(from, WINDOW_ROWS).await {
                     Ok(measured) => (measured, None),
                     Err(e) => (None, Some(e)),
                 },
                 None => (None, None),
             };
-            let start = match (&scope, window) {
-                (_, Some(window)) => window.start(measured),
-                (Some(scope), None) => starts.next(&self.frontier, scope, claimed_at),
-                (None, None) => ClaimStart::Oldest,
+            let start = match (&scope, window, probe_from) {
+                (_, Some(window), _) => window.start(measured),
+                (_, None, Some(from)) => ClaimStart::Window {
+                    from,
+                    to: window_end(measured),
+                },
+                (Some(scope), None, None) => starts.next(&self.frontier, scope, claimed_at),
+                (None, None, None) => ClaimStart::Oldest,
             };
             let claim = if let Some(e) = unmeasured {
                 Err(e)
@@ -464,6 +476,21 @@ impl Relay {
                 // The next window, at once.
                 continue;
             }
+            if let (Some(probed), Some(_)) = (plan.probe, probe_from) {
+                let health = &self.destinations[probed].health;
+                match (claimed_rows, window_end(measured)) {
+                    (0, Some(end)) => {
+                        health.probe_read_past(end);
+                        continue;
+                    }
+                    (0, None) => {
+                        if !health.probe_reached_newest() {
+                            continue;
+                        }
+                    }
+                    _ => health.probe_took_rows(),
+                }
+            }
             if claimed_rows == 0 {
                 if let Some(probed) = plan.probe {
                     self.destinations[probed].health.probe_found_nothing();
@@ -553,6 +580,7 @@ impl Relay {
                 rows: self.config.batch_size.min(PROBE_ROWS),
                 open: only,
                 probe,
+                probe_from: self.destinations[probed].health.probe_start(),
                 unrouted: false,
             });
         }
@@ -561,6 +589,7 @@ impl Relay {
                 rows: self.config.batch_size,
                 open,
                 probe: None,
+                probe_from: None,
                 unrouted: true,
             });
         }

@@ -113,11 +113,19 @@ impl Window {
     /// a window that holds fewer than [`WINDOW_ROWS`] rows reaches the
     /// newest row, and its claim reads to the end.
     pub fn start(&self, measured: Option<(RowKey, i64)>) -> ClaimStart {
-        let to = match measured {
-            Some((last, rows)) if rows >= WINDOW_ROWS => Some(last),
-            _ => None,
-        };
-        ClaimStart::Window { from: self.from, to }
+        ClaimStart::Window {
+            from: self.from,
+            to: window_end(measured),
+        }
+    }
+}
+
+/// Where a window measured as `measured` (as for [`Window::start`]) ends:
+/// `None` when it reaches the newest row.
+pub fn window_end(measured: Option<(RowKey, i64)>) -> Option<RowKey> {
+    match measured {
+        Some((last, rows)) if rows >= WINDOW_ROWS => Some(last),
+        _ => None,
     }
 }
 
