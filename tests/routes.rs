@@ -1074,6 +1074,116 @@ async fn probes_of_a_full_destination_do_not_step_over_the_backlog_of_one_that_i
     still_running_then_clean_up(relay, orders, ledger).await;
 }
 
+/// Rows of a destination that is up are published while another, with
+/// nothing to publish, is checked again every few seconds (an SQS sink
+/// asks its queue after 5 s without an answer), and a third, cut off,
+/// has a long backlog. Each check used to leave the checked destination
+/// out of the claims until it answered, and back in after: two changes of
+/// the destinations served, each starting the claims' windows over from a
+/// first sweep from the oldest row (windows.rs). Behind a backlog whose
+/// sweep takes longer than the checks are apart, that sweep never reached
+/// the newest rows, and no new row was published.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_a_destination_that_is_up_flow_while_an_idle_one_is_checked_behind_a_long_backlog() {
+    let idle = TestQueue::create(false, None).await;
+    // Each check then lasts two seconds at least.
+    let (_slow_sqs, idle_url) =
+        Proxy::in_front_of_with_latency(&sqs_endpoint(), Duration::from_secs(1)).await;
+    let orders = destination("orders", "sqs", &idle.destination_settings_via(&idle_url));
+    flow_behind_a_long_backlog_while(&orders, std::future::pending()).await;
+    idle.cleanup().await;
+}
+
+/// The same while the other destination's connection is cut every other
+/// second and comes back: the claims' windows go on where they got to for
+/// each set of destinations, rather than from the oldest row at each
+/// change (which never reached the new rows within two minutes).
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_a_destination_that_is_up_flow_while_another_comes_and_goes_behind_a_long_backlog() {
+    let flapping = TestBroker::create("#").await;
+    let (proxy, flapping_url) = Proxy::in_front_of(&flapping.url).await;
+    let orders = destination(
+        "orders",
+        "rabbitmq",
+        &flapping.destination_settings_via(&flapping_url),
+    );
+    let comes_and_goes = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            proxy.refuse(true);
+            proxy.cut();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            proxy.refuse(false);
+        }
+    };
+    flow_behind_a_long_backlog_while(&orders, comes_and_goes).await;
+    flapping.cleanup().await;
+}
+
+/// Rows of destination `ledger` (RabbitMQ), inserted one by one, are
+/// published while 100,000 rows of destination `audit` (SQS, cut off) wait
+/// before them, destination `orders` (given as `orders`, routed `order.*`,
+/// no rows) is there too, and `meanwhile` runs. The database is 100 ms a
+/// round trip away, so that a sweep over the backlog takes over ten
+/// seconds (on a real server, a few million waiting rows), longer than
+/// the destinations stay the same in either test.
+async fn flow_behind_a_long_backlog_while(orders: &str, meanwhile: impl std::future::Future<Output = ()>) {
+    const WAITING: usize = 100_000;
+    const NEW_ROWS: usize = 10;
+    let db = TestDb::migrated().await;
+    let (_slow_database, database_url) =
+        Proxy::in_front_of_with_latency(&db.url, Duration::from_millis(50)).await;
+    let cut_off = TestQueue::create(false, None).await;
+    let (cut_off_proxy, cut_off_url) = Proxy::in_front_of(&sqs_endpoint()).await;
+    cut_off_proxy.refuse(true);
+    let ledger = TestBroker::create("#").await;
+    let port = free_port();
+    let file = ConfigFile::write(&format!(
+        "{}\n{orders}\n{}\n{}\n{}\n{}\n{}",
+        quick_top_level(port),
+        destination("audit", "sqs", &cut_off.destination_settings_via(&cut_off_url)),
+        destination("ledger", "rabbitmq", &ledger.destination_settings()),
+        route("order.*", "orders"),
+        route("audit.*", "audit"),
+        route("ledger.*", "ledger"),
+    ));
+    let waiting = db.insert_events(WAITING, "audit.recorded").await;
+    let relay = start_relay(&db, &file, &[("OUTBOX_DATABASE_URL", database_url)]);
+    ready_without_eventually(port, ("audit", "sqs"), ("ledger", "rabbitmq")).await;
+
+    let flowing = async {
+        let mut new_rows = Vec::new();
+        for _ in 0..NEW_ROWS {
+            new_rows.extend(db.insert_events(1, "ledger.entry").await);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let received = rabbit_receive_all(&ledger, &id_set(&new_rows)).await;
+        assert_eq!(distinct(&received), id_set(&new_rows), "every new ledger row");
+        all_published(&db, &new_rows, "the ledger rows inserted after the backlog").await;
+        let slowest: f64 = db
+            .client
+            .query_one(
+                "SELECT extract(epoch FROM max(published_at - created_at))::float8 FROM outbox_event
+                 WHERE id = ANY($1)",
+                &[&new_rows],
+            )
+            .await
+            .expect("read publish delays")
+            .get(0);
+        eprintln!("{NEW_ROWS} ledger rows behind {WAITING} waiting: each published within {slowest:.1} s");
+    };
+    tokio::select! {
+        () = flowing => {}
+        () = meanwhile => unreachable!("runs until the rows are published"),
+    }
+    assert_eq!(
+        count_of(&db, &waiting, "published_at IS NOT NULL").await,
+        0,
+        "nothing of audit is published while it is cut off"
+    );
+    still_running_then_clean_up(relay, cut_off, ledger).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_destination_cut_off_mid_drain_holds_back_only_its_rows() {
     const LEDGER_ROWS: usize = 5_000;

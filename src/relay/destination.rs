@@ -6,10 +6,17 @@
 //! sink, but never waited for by a worker while other destinations could
 //! take rows: an answer that is not at hand at once (a connection being
 //! made, a probe request under way) is awaited in a task of its own, and
-//! until it comes the destination counts as not ready for that claim. A
-//! failed check holds the destination down for the in-process retry
-//! delay, shared by every worker, so a broker that is down is asked a few
-//! times a second at most, not once per claim per worker.
+//! until it comes the destination counts as not ready for that claim,
+//! unless its last check found it ready: a sink that checks again now and
+//! then (SQS after a few idle seconds) keeps its place in the claims
+//! meanwhile. Were it left out for the moment of each check, the set of
+//! destinations the claims serve would change and change back, and each
+//! change starts their windows over from the oldest row (windows.rs):
+//! behind a long backlog of a destination that is down, the rows of those
+//! that are up would wait for a first sweep that never ends. A failed
+//! check holds the destination down for the in-process retry delay, shared
+//! by every worker, so a broker that is down is asked a few times a second
+//! at most, not once per claim per worker.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,7 +53,7 @@ pub struct Destination {
 /// Whether a destination may be given rows now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
-    /// Its sink answered that it is ready.
+    /// Its sink answered that it is ready, the last time it answered.
     Ready,
     /// Its sink failed its check, or a recent failure holds; the next
     /// check is due in `retry_in`.
@@ -56,7 +63,8 @@ pub enum Readiness {
         /// Until the next check.
         retry_in: Duration,
     },
-    /// The answer is on its way.
+    /// The answer is on its way, and the last one was not that it is
+    /// ready (or there was none).
     Checking,
 }
 
@@ -77,6 +85,20 @@ enum Gate {
 struct GateState {
     gate: Gate,
     delays: Option<ExponentialBackoff>,
+    /// The last check that answered found the sink ready.
+    last_ready: bool,
+}
+
+impl GateState {
+    /// What a check that has not answered yet leaves the destination: as
+    /// ready as the last check found it.
+    fn while_checking(&self) -> Readiness {
+        if self.last_ready {
+            Readiness::Ready
+        } else {
+            Readiness::Checking
+        }
+    }
 }
 
 impl Destination {
@@ -110,7 +132,7 @@ impl Destination {
             Gate::Checking(handle) => match handle.now_or_never() {
                 Some(Ok(answer)) => answer,
                 Some(Err(join)) => Err(SinkError(format!("the readiness check failed: {join}"))),
-                None => return Readiness::Checking,
+                None => return state.while_checking(),
             },
             Gate::Open | Gate::Down { .. } => match self.sink.ready().now_or_never() {
                 Some(answer) => answer,
@@ -130,7 +152,7 @@ impl Destination {
                         checked.notify_waiters();
                         answer
                     }));
-                    return Readiness::Checking;
+                    return state.while_checking();
                 }
             },
         };
@@ -138,10 +160,12 @@ impl Destination {
             Ok(()) => {
                 state.gate = Gate::Open;
                 state.delays = None;
+                state.last_ready = true;
                 lock(&self.outage).succeeded();
                 Readiness::Ready
             }
             Err(error) => {
+                state.last_ready = false;
                 lock(&self.outage).failed(&error);
                 let delay = state
                     .delays
@@ -202,4 +226,99 @@ impl std::ops::Deref for Destinations {
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Plain data: a panic elsewhere cannot leave it inconsistent.
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::event::Event;
+    use crate::sink::Outcome;
+
+    /// A sink whose check answers what the test says, when it says.
+    struct CheckedSink {
+        answer: watch::Receiver<Option<bool>>,
+    }
+
+    impl Sink for CheckedSink {
+        fn publish<'a>(&'a self, _: &'a [Event], _: tokio::time::Instant) -> BoxFuture<'a, Vec<Outcome>> {
+            unreachable!("nothing is published here")
+        }
+
+        fn max_payload_bytes(&self) -> usize {
+            1
+        }
+
+        fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+            let mut answer = self.answer.clone();
+            Box::pin(async move {
+                let ready = *answer
+                    .wait_for(Option::is_some)
+                    .await
+                    .expect("the test keeps the sender");
+                if ready == Some(true) {
+                    Ok(())
+                } else {
+                    Err(SinkError("refused".to_owned()))
+                }
+            })
+        }
+
+        fn kind(&self) -> &'static str {
+            "checked"
+        }
+
+        fn destination_of(&self, _: &Event) -> String {
+            String::new()
+        }
+    }
+
+    /// The readiness once the check under way has answered.
+    async fn answered(destination: &Destination) -> Readiness {
+        loop {
+            match destination.readiness() {
+                Readiness::Checking => tokio::task::yield_now().await,
+                Readiness::Ready if matches!(lock(&destination.gate).gate, Gate::Checking(_)) => {
+                    tokio::task::yield_now().await
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_under_way_leaves_a_destination_as_ready_as_the_last_one_found_it() {
+        let (answer, receiver) = watch::channel(None);
+        let destination = Destination::new(
+            "checked".to_owned(),
+            Arc::new(CheckedSink { answer: receiver }),
+            Gauge::default(),
+            Duration::from_secs(60),
+        );
+        // Never answered: not ready until it is.
+        assert_eq!(destination.readiness(), Readiness::Checking);
+        answer.send_replace(Some(true));
+        assert_eq!(answered(&destination).await, Readiness::Ready);
+
+        // Checked again (the answer not at hand): still ready meanwhile.
+        answer.send_replace(None);
+        assert_eq!(destination.readiness(), Readiness::Ready);
+        assert!(matches!(lock(&destination.gate).gate, Gate::Checking(_)));
+        assert_eq!(destination.readiness(), Readiness::Ready);
+
+        // The check fails: down, and a check after that is not ready until
+        // it answers that it is.
+        answer.send_replace(Some(false));
+        let Readiness::Down { retry_in, .. } = answered(&destination).await else {
+            panic!("a failed check puts the destination down");
+        };
+        answer.send_replace(None);
+        tokio::time::sleep(retry_in).await;
+        assert_eq!(destination.readiness(), Readiness::Checking);
+        assert_eq!(destination.readiness(), Readiness::Checking);
+        answer.send_replace(Some(true));
+        assert_eq!(answered(&destination).await, Readiness::Ready);
+    }
 }

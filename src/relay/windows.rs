@@ -34,7 +34,12 @@
 //!
 //! Until a sweep has reached the newest row once for the destinations
 //! open now, there is no tail: every worker's claims follow that first
-//! sweep, which is then the drain.
+//! sweep, which is then the drain. The positions are kept for the last
+//! [`KEPT_SCOPES`] sets of open destinations: when the set changes back
+//! (a destination whose broker defers batches now and then, a connection
+//! that drops), the claims go on where they got to for it, a first sweep
+//! included, instead of from the oldest row; a sweep from there finds what
+//! the change gave back behind them.
 //!
 //! An unordered claim with every destination open has nothing to filter
 //! out and does not use windows (see claim_start.rs). Ordered claims
@@ -157,10 +162,16 @@ impl Taken {
     }
 }
 
-/// The windows of a relay's claims for the destinations open now.
+/// How many sets of open destinations the windows keep positions for,
+/// the current one included.
+pub const KEPT_SCOPES: usize = 8;
+
+/// The windows of a relay's claims for the destinations open now, and
+/// for the last few other sets of them.
 #[derive(Debug, Default)]
 pub struct ClaimWindows {
-    state: Mutex<Option<(ClaimScope, Positions)>>,
+    /// Positions by set of open destinations, the current set first.
+    state: Mutex<Vec<(ClaimScope, Positions)>>,
     generations: std::sync::atomic::AtomicU64,
     /// The aggregates of rows just published, oldest first, whose
     /// successors the next ordered claims look for.
@@ -209,6 +220,25 @@ impl Positions {
         }
     }
 
+    /// The same positions, for a smaller set of destinations: a window of
+    /// the sweep handed out for the larger set is that set's.
+    fn carried(&self, generation: u64) -> Self {
+        Self {
+            generation,
+            tail: self.tail,
+            sweep: self.sweep.as_ref().map(|sweep| Sweep {
+                number: sweep.number,
+                position: sweep.position,
+                busy: false,
+                started: sweep.started,
+                cost: sweep.cost,
+            }),
+            last_sweep: self.last_sweep,
+            sweep_wanted: self.sweep_wanted,
+            sweeps: self.sweeps,
+        }
+    }
+
     fn sweep_due(&self, now: Instant) -> bool {
         self.sweep_wanted
             || self.last_sweep.is_none_or(|(started, cost)| {
@@ -221,13 +251,45 @@ impl ClaimWindows {
     /// The window of the next claim for `scope` made `now`.
     pub fn next(&self, scope: &ClaimScope, now: Instant) -> Window {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.as_ref().is_none_or(|(current, _)| current != scope) {
-            let generation = self
-                .generations
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            *state = Some((scope.clone(), Positions::first(generation, now)));
+        let kept = state.iter().position(|(kept, _)| kept == scope);
+        if kept != Some(0) {
+            let entry = match kept {
+                // Back to a set of destinations served before: its
+                // positions still hold (rows behind its tail were taken or
+                // not its to take; rows given back since asked it for a
+                // sweep), and a first sweep it had not finished goes on
+                // where it got to rather than from the oldest row again,
+                // which behind a long backlog it might never finish should
+                // the destinations keep changing. A destination open now
+                // that was not a moment ago may have had rows given back
+                // anywhere behind the tail as it went: a sweep finds them.
+                Some(index) => {
+                    let mut entry = state.remove(index);
+                    let grown = state.first().is_none_or(|(previous, _)| !within(scope, previous));
+                    entry.1.sweep_wanted |= grown;
+                    entry
+                }
+                // Fewer destinations than a moment ago, for the first
+                // time: every row behind the positions of the larger set
+                // was taken or not its to take, so the smaller one's too,
+                // and its claims go on from there. One going down must not
+                // send the others' claims back to the oldest row, behind
+                // whatever backlog waits there.
+                None => {
+                    let generation = self
+                        .generations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let positions = match state.first() {
+                        Some((current, positions)) if within(scope, current) => positions.carried(generation),
+                        _ => Positions::first(generation, now),
+                    };
+                    (scope.clone(), positions)
+                }
+            };
+            state.insert(0, entry);
+            state.truncate(KEPT_SCOPES);
         }
-        let positions = &mut state.as_mut().expect("set above").1;
+        let positions = &mut state[0].1;
         let generation = positions.generation;
         let Some(tail) = positions.tail else {
             let (position, sweep) = positions
@@ -287,12 +349,9 @@ impl ClaimWindows {
         cost: Duration,
     ) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((current, positions)) = state.as_mut() else {
+        let Some(positions) = positions_of(&mut state, scope, window) else {
             return false;
         };
-        if current != scope || positions.generation != window.generation {
-            return false;
-        }
         let newest_reached = measured.is_none_or(|(_, rows)| rows < WINDOW_ROWS);
         // Every row before the last one taken was taken or had nothing to
         // take; past it, rows a full claim left are still there. A window
@@ -347,8 +406,8 @@ impl ClaimWindows {
     /// read again by the next claim.
     pub fn failed(&self, scope: &ClaimScope, window: Window) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((current, positions)) = state.as_mut() {
-            if current == scope && positions.generation == window.generation && window.kind == Kind::Sweep {
+        if let Some(positions) = positions_of(&mut state, scope, window) {
+            if window.kind == Kind::Sweep {
                 if let Some(sweep) = positions
                     .sweep
                     .as_mut()
@@ -398,10 +457,33 @@ impl ClaimWindows {
     /// behind the tail.
     pub fn sweep_soon(&self) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, positions)) = state.as_mut() {
+        for (_, positions) in state.iter_mut() {
             positions.sweep_wanted = true;
         }
     }
+}
+
+/// Whether every destination open in `scope` is open in `other`.
+fn within(scope: &ClaimScope, other: &ClaimScope) -> bool {
+    scope.len() == other.len()
+        && scope
+            .iter()
+            .zip(other)
+            .all(|(open, open_there)| !*open || *open_there)
+}
+
+/// The positions `window` was handed out from, if they are still kept: a
+/// window of a set of destinations that is not current still tells where
+/// its claims got to.
+fn positions_of<'a>(
+    state: &'a mut [(ClaimScope, Positions)],
+    scope: &ClaimScope,
+    window: Window,
+) -> Option<&'a mut Positions> {
+    state
+        .iter_mut()
+        .find(|(kept, positions)| kept == scope && positions.generation == window.generation)
+        .map(|(_, positions)| positions)
 }
 
 #[cfg(test)]
@@ -626,19 +708,103 @@ mod tests {
     }
 
     #[test]
-    fn other_destinations_open_start_over_and_ignore_windows_handed_out_before() {
+    fn other_destinations_open_have_positions_of_their_own() {
         let now = Instant::now();
         let windows = swept(now);
-        let stale = windows.next(&one_down(), now);
+        let tail = windows.next(&one_down(), now);
         let other = vec![false, true, true];
-        assert_eq!(windows.next(&other, now).from, None, "a first sweep of its own");
+        let first = windows.next(&other, now);
+        assert_eq!(first.from, None, "a first sweep of its own");
+        // A window handed out for the first set still counts for it.
+        assert!(!windows.claimed(&one_down(), tail, Some((at(500), 1)), Taken::UpTo(at(400)), MS));
+        windows.claimed(&other, first, Some((at(50), FULL)), Taken::Nothing, MS);
+        assert_eq!(
+            windows.next(&other, now).from,
+            Some(at(50)),
+            "its first sweep goes on"
+        );
+        // Back to the first set: a destination open now was not a moment
+        // ago, so one sweep from the oldest row, then its tail.
+        assert_eq!(windows.next(&one_down(), now).from, None, "a sweep");
+        assert_eq!(windows.next(&one_down(), now).from, Some(at(400)), "its tail");
+    }
+
+    #[test]
+    fn a_first_sweep_goes_on_where_it_got_to_however_often_the_destinations_change() {
+        let now = Instant::now();
+        let windows = ClaimWindows::default();
+        let other = vec![false, true, true];
+        for end in 1..=5 {
+            let window = windows.next(&one_down(), now);
+            assert_eq!(window.from, (end > 1).then(|| at(end - 1)));
+            assert!(windows.claimed(&one_down(), window, Some((at(end), FULL)), Taken::Nothing, MS));
+            windows.next(&other, now);
+        }
+        let window = windows.next(&one_down(), now);
+        assert_eq!(window.from, Some(at(5)));
+        assert!(!windows.claimed(&one_down(), window, Some((at(6), 3)), Taken::Nothing, MS));
+        // Reached the newest row: the tail, after the sweep that the
+        // change back asked for.
+        assert_eq!(windows.next(&one_down(), now).from, None);
+        assert_eq!(windows.next(&one_down(), now).from, Some(at(5)));
+    }
+
+    #[test]
+    fn back_to_fewer_destinations_the_tail_goes_on_without_a_sweep() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let every = vec![true, true, true];
+        let window = windows.next(&every, now);
+        windows.claimed(&every, window, Some((at(300), 5)), Taken::Nothing, MS);
+        assert_eq!(windows.next(&one_down(), now).from, behind(100));
+    }
+
+    #[test]
+    fn rows_given_back_ask_every_kept_set_of_destinations_for_a_sweep() {
+        let now = Instant::now();
+        let windows = swept(now);
+        let every = vec![true, true, true];
+        let window = windows.next(&every, now);
+        windows.claimed(&every, window, Some((at(300), 5)), Taken::Nothing, MS);
+        windows.sweep_soon();
+        assert_eq!(windows.next(&one_down(), now).from, None);
+        assert_eq!(windows.next(&every, now).from, None);
+    }
+
+    #[test]
+    fn a_destination_closing_leaves_the_others_claims_where_they_were() {
+        let now = Instant::now();
+        let every = vec![true, true, true];
+        let windows = ClaimWindows::default();
+        let window = windows.next(&every, now);
+        windows.claimed(&every, window, Some((at(50), FULL)), Taken::Nothing, MS);
+        // Half-way through the first sweep: the smaller set goes on from
+        // there, and the larger one's window still counts for it alone.
+        let larger = windows.next(&every, now);
+        let smaller = windows.next(&one_down(), now);
+        assert_eq!(smaller.from, Some(at(50)));
+        windows.claimed(&every, larger, Some((at(100), 5)), Taken::Nothing, MS);
+        assert_eq!(windows.next(&one_down(), now).from, Some(at(50)));
+        windows.claimed(&one_down(), smaller, Some((at(90), 5)), Taken::UpTo(at(80)), MS);
+        assert_eq!(windows.next(&one_down(), now).from, Some(at(80)), "the tail");
+    }
+
+    #[test]
+    fn positions_are_kept_for_the_last_few_sets_of_destinations() {
+        let now = Instant::now();
+        let windows = swept(now);
+        for closed in 0..KEPT_SCOPES {
+            let mut scope = vec![true; KEPT_SCOPES + 1];
+            scope[closed] = false;
+            windows.next(&scope, now);
+        }
         assert_eq!(
             windows.next(&one_down(), now).from,
             None,
-            "and back: from the oldest row again"
+            "forgotten: a first sweep again"
         );
-        assert!(!windows.claimed(&one_down(), stale, Some((at(500), 1)), Taken::UpTo(at(400)), MS));
-        assert_eq!(windows.next(&one_down(), now).from, None);
+        let window = windows.next(&one_down(), now);
+        assert_eq!(window.from, None, "every worker follows it");
     }
 
     #[test]

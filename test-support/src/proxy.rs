@@ -32,6 +32,12 @@ impl Proxy {
     /// through it: give the rewritten URL to the relay, and cutting or
     /// refusing here takes the server away from that relay alone.
     pub async fn in_front_of(url: &str) -> (Self, String) {
+        Self::in_front_of_with_latency(url, Duration::ZERO).await
+    }
+
+    /// [`Proxy::in_front_of`], with the latency of
+    /// [`Proxy::start_with_latency`].
+    pub async fn in_front_of_with_latency(url: &str, latency: Duration) -> (Self, String) {
         let parsed = url::Url::parse(url).unwrap_or_else(|e| panic!("{url} is not a URL: {e}"));
         let host = parsed.host_str().unwrap_or_else(|| panic!("{url} names no host"));
         let port = parsed
@@ -43,7 +49,7 @@ impl Proxy {
             .unwrap_or_else(|e| panic!("resolve {host}: {e}"))
             .next()
             .unwrap_or_else(|| panic!("{host} has no address"));
-        let proxy = Self::start(target).await;
+        let proxy = Self::start_with_latency(target, latency).await;
         let mut via = parsed.clone();
         via.set_host(Some("127.0.0.1"))
             .expect("a URL with a host takes another");
