@@ -29,6 +29,9 @@ pub struct Drain {
     pub retention_deleted: i64,
     /// Whether confirmed rows were deleted (OUTBOX_ON_PUBLISH=delete).
     pub deletes: bool,
+    /// Whether each aggregate's rows were published in order
+    /// (OUTBOX_ORDERING=aggregate).
+    pub ordered: bool,
 }
 
 /// What a drain starts from besides its `rows` pending rows, and how the
@@ -40,6 +43,8 @@ pub struct Setup {
     pub retained: usize,
     /// OUTBOX_ON_PUBLISH=delete instead of mark.
     pub delete: bool,
+    /// OUTBOX_ORDERING=aggregate.
+    pub ordered: bool,
     /// The one destination from a configuration file (OUTBOX_CONFIG)
     /// instead of the environment's sink variables.
     pub config_file: bool,
@@ -98,6 +103,9 @@ pub async fn drain_with(
     }
     if setup.delete {
         settings.push(("OUTBOX_ON_PUBLISH", "delete".to_owned()));
+    }
+    if setup.ordered {
+        settings.push(("OUTBOX_ORDERING", "aggregate".to_owned()));
     }
     settings.extend(
         setup
@@ -161,6 +169,7 @@ pub async fn drain_with(
         dead_tuples: after.dead_tuples,
         retention_deleted: after.deletes - before.deletes - if setup.delete { rows as i64 } else { 0 },
         deletes: setup.delete,
+        ordered: setup.ordered,
     })
 }
 

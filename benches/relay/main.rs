@@ -19,6 +19,7 @@
 //!   producer settings, same records, same reports in flight, on
 //!   librdkafka's mock cluster;
 //! - with `--delete-drain`: the drain with OUTBOX_ON_PUBLISH=delete;
+//! - with `--ordered-drain`: the drain with OUTBOX_ORDERING=aggregate;
 //! - with `--scale`: a drain behind a large backlog, claim latency behind
 //!   rows backing off, the gauge refresh on a large table, and a drain
 //!   while retention deletes old published rows;
@@ -162,6 +163,10 @@ struct Options {
     /// Also drain with OUTBOX_ON_PUBLISH=delete (1 replica), against mark.
     #[arg(long)]
     delete_drain: bool,
+    /// Also drain with OUTBOX_ORDERING=aggregate (1 replica; the rows are
+    /// in 5,000 aggregates), against unordered.
+    #[arg(long)]
+    ordered_drain: bool,
     /// Also the runs on large tables (sizes below); they take minutes.
     #[arg(long)]
     scale: bool,
@@ -403,6 +408,29 @@ async fn main() -> Result<(), Error> {
         .await?;
         eprintln!(
             "drain with 1, OUTBOX_ON_PUBLISH=delete: {:.0} events/s",
+            result.run.events_per_second
+        );
+        drains.push(result);
+    }
+    if options.ordered_drain {
+        let result = median_of(
+            options.repeat,
+            || {
+                drain::drain_with(
+                    &options,
+                    1,
+                    options.rows,
+                    drain::Setup {
+                        ordered: true,
+                        ..Default::default()
+                    },
+                )
+            },
+            |d| d.run.events_per_second,
+        )
+        .await?;
+        eprintln!(
+            "drain with 1, OUTBOX_ORDERING=aggregate: {:.0} events/s",
             result.run.events_per_second
         );
         drains.push(result);

@@ -91,10 +91,10 @@ pub fn drain_table(options: &Options, bare: &Run, naive: Option<&Run>, locked: &
                 "outbox-relay, {} replica{}{}",
                 d.replicas,
                 if d.replicas == 1 { "" } else { "s" },
-                if d.deletes {
-                    ", OUTBOX_ON_PUBLISH=delete"
-                } else {
-                    ""
+                match (d.deletes, d.ordered) {
+                    (true, _) => ", OUTBOX_ON_PUBLISH=delete",
+                    (false, true) => ", OUTBOX_ORDERING=aggregate",
+                    (false, false) => "",
                 }
             ),
             &d.run,

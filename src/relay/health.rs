@@ -17,6 +17,7 @@
 //! its spacing up where the last one left it, so the relay does not swing
 //! between full batches and quick probes.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -75,16 +76,23 @@ struct Deferring {
     next_probe: Instant,
     /// A worker is publishing a probe batch now.
     probing: bool,
-    /// Where the probes read the destination's rows.
-    probes_at: ProbeCursor,
 }
 
-/// Where a destination's probes read its rows in the fresh index, in
-/// windows (see relay/windows.rs), when a claim leaves other destinations'
-/// rows out: from the oldest row, each probe would step over every row of
-/// another destination that is down, which can be millions, each time.
-/// Rows a probe took and the broker deferred are given back where they
-/// lie, so the next probe reads from the same place.
+/// Where one source's probes of each destination read its rows in the
+/// fresh index, in windows (see relay/windows.rs), when a claim leaves
+/// other destinations' rows out: from the oldest row, each probe would
+/// step over every row of another destination that is down, which can be
+/// millions, each time. Rows a probe took and the broker deferred are
+/// given back where they lie, so the next probe reads from the same
+/// place. A source's own: the positions are in its table, while a
+/// destination's outage is every source's. Each cursor belongs to one
+/// outage, named by when it began, and starts from the oldest row in the
+/// next.
+#[derive(Debug, Default)]
+pub struct ProbeCursors {
+    by_destination: Mutex<HashMap<usize, (Instant, ProbeCursor)>>,
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct ProbeCursor {
     /// Where the next probe reads from (`None`: the oldest row).
@@ -92,6 +100,50 @@ struct ProbeCursor {
     /// Where the probes' current pass towards the newest row started: a
     /// pass from the oldest row that found nothing has read everything.
     pass_from: Option<RowKey>,
+}
+
+impl ProbeCursors {
+    fn with<T>(&self, destination: usize, outage: Instant, f: impl FnOnce(&mut ProbeCursor) -> T) -> T {
+        let mut cursors = lock(&self.by_destination);
+        let entry = cursors
+            .entry(destination)
+            .or_insert((outage, ProbeCursor::default()));
+        if entry.0 != outage {
+            *entry = (outage, ProbeCursor::default());
+        }
+        f(&mut entry.1)
+    }
+
+    /// Where the next probe of `destination` in `outage` reads from
+    /// (`None`: the oldest row).
+    pub fn start(&self, destination: usize, outage: Instant) -> Option<RowKey> {
+        self.with(destination, outage, |cursor| cursor.from)
+    }
+
+    /// The probe's window held rows of the destination: the next probe
+    /// reads from the same place, and a pass that finds nothing from
+    /// there to the newest row has not read what lies before it.
+    pub fn took_rows(&self, destination: usize, outage: Instant) {
+        self.with(destination, outage, |cursor| cursor.pass_from = cursor.from);
+    }
+
+    /// The probe's window, which ended at `end` short of the newest row,
+    /// held no row of the destination: the next probe reads on from there.
+    pub fn read_past(&self, destination: usize, outage: Instant, end: RowKey) {
+        self.with(destination, outage, |cursor| cursor.from = Some(end));
+    }
+
+    /// The probe's window reached the newest row with no row of the
+    /// destination. Returns whether the probes' pass started at the oldest
+    /// row, so that no row of the destination is due here; otherwise the
+    /// next probe starts over from the oldest row.
+    pub fn reached_newest(&self, destination: usize, outage: Instant) -> bool {
+        self.with(destination, outage, |cursor| {
+            let read_all = cursor.pass_from.is_none();
+            *cursor = ProbeCursor::default();
+            read_all
+        })
+    }
 }
 
 /// What a worker may do next.
@@ -212,7 +264,6 @@ impl DestinationHealth {
                     batches,
                     next_probe: now + PROBE_SPACING.delay(batches),
                     probing: false,
-                    probes_at: ProbeCursor::default(),
                 });
             }
             (BatchHealth::Deferred(reason), Some(deferring)) => {
@@ -242,51 +293,23 @@ impl DestinationHealth {
         }
     }
 
-    /// Where a probe that reads in windows starts (`None`: the oldest row).
-    pub fn probe_start(&self) -> Option<RowKey> {
-        self.state()
+    /// When the outage under way began, if one is: it names the outage.
+    pub fn outage(&self) -> Option<Instant> {
+        self.state().deferring.as_ref().map(|deferring| deferring.since)
+    }
+
+    /// The probe of `outage` read a window with no row of the destination
+    /// and reads on: the turn goes back with its time already come, for
+    /// the next window at once.
+    pub fn probe_goes_on(&self, outage: Instant) {
+        if let Some(deferring) = self
+            .state()
             .deferring
-            .as_ref()
-            .and_then(|deferring| deferring.probes_at.from)
-    }
-
-    /// The probe's window held rows of the destination: the next probe
-    /// reads from the same place, and a pass that finds nothing from
-    /// there to the newest row has not read what lies before it.
-    pub fn probe_took_rows(&self) {
-        if let Some(deferring) = self.state().deferring.as_mut() {
-            deferring.probes_at.pass_from = deferring.probes_at.from;
-        }
-    }
-
-    /// The probe's window, which ended at `end` short of the newest row,
-    /// held no row of the destination: the next probe reads on from
-    /// there, at once (the turn goes back with its time already come).
-    pub fn probe_read_past(&self, end: RowKey) {
-        if let Some(deferring) = self.state().deferring.as_mut() {
-            deferring.probes_at.from = Some(end);
+            .as_mut()
+            .filter(|deferring| deferring.since == outage)
+        {
             deferring.probing = false;
         }
-    }
-
-    /// The probe's window reached the newest row with no row of the
-    /// destination. If the probes' pass started at the oldest row, none
-    /// is due, and the outage ends as [`Self::probe_found_nothing`] ends
-    /// it; otherwise the next probe starts over from the oldest row, at
-    /// once. Returns whether the outage ended.
-    pub fn probe_reached_newest(&self) -> bool {
-        let mut state = self.state();
-        let Some(deferring) = state.deferring.as_mut() else {
-            return true;
-        };
-        if deferring.probes_at.pass_from.is_some() {
-            deferring.probes_at = ProbeCursor::default();
-            deferring.probing = false;
-            return false;
-        }
-        drop(state);
-        self.probe_found_nothing();
-        true
     }
 
     /// Why the destination's broker is not taking messages, in words;
@@ -444,56 +467,58 @@ mod tests {
 
     #[test]
     fn probes_read_on_from_where_the_last_one_found_rows() {
-        let health = DestinationHealth::default();
-        let mut now = Instant::now();
-        health.batch_settled_at(deferred(), now);
-        now += Duration::from_secs(1);
-        assert_eq!(health.turn_at(now), Turn::Probe);
+        let cursors = ProbeCursors::default();
+        let outage = Instant::now();
         assert_eq!(
-            health.probe_start(),
+            cursors.start(0, outage),
             None,
             "the first probe reads from the oldest row"
         );
-        // Windows of other destinations' rows: the next, at once.
-        health.probe_read_past(key(10));
-        assert_eq!(health.turn_at(now), Turn::Probe);
-        assert_eq!(health.probe_start(), Some(key(10)));
-        health.probe_read_past(key(20));
-        assert_eq!(health.turn_at(now), Turn::Probe);
-        health.probe_took_rows();
-        health.batch_settled_at(deferred(), now);
-        // The next probe, in its time, reads where the last found rows.
-        assert!(matches!(health.turn_at(now), Turn::Wait(_)));
-        now += PROBE_SPACING.max;
-        assert_eq!(health.turn_at(now), Turn::Probe);
-        assert_eq!(health.probe_start(), Some(key(20)));
+        cursors.read_past(0, outage, key(10));
+        assert_eq!(cursors.start(0, outage), Some(key(10)));
+        cursors.read_past(0, outage, key(20));
+        cursors.took_rows(0, outage);
+        assert_eq!(
+            cursors.start(0, outage),
+            Some(key(20)),
+            "where the last found rows"
+        );
+        assert_eq!(cursors.start(1, outage), None, "each destination its own");
         // Nothing from there to the newest row: what lies before is not
-        // read yet, so the outage goes on and the probes start over.
-        assert!(!health.probe_reached_newest());
-        assert!(health.problem().is_some());
-        assert_eq!(health.turn_at(now), Turn::Probe);
-        assert_eq!(health.probe_start(), None);
-        health.probe_read_past(key(10));
-        assert_eq!(health.turn_at(now), Turn::Probe);
+        // read yet, so the probes start over.
+        assert!(!cursors.reached_newest(0, outage));
+        assert_eq!(cursors.start(0, outage), None);
+        cursors.read_past(0, outage, key(10));
         // A pass from the oldest row that found nothing read everything.
-        assert!(health.probe_reached_newest());
-        assert!(health.problem().is_none());
-        assert_eq!(health.turn_at(now), Turn::Publish);
+        assert!(cursors.reached_newest(0, outage));
     }
 
     #[test]
     fn a_new_outage_probes_from_the_oldest_row() {
+        let cursors = ProbeCursors::default();
+        let outage = Instant::now();
+        cursors.read_past(0, outage, key(10));
+        cursors.took_rows(0, outage);
+        let next = outage + Duration::from_secs(1);
+        assert_eq!(cursors.start(0, next), None);
+        // What a probe of the last one reports comes too late to count.
+        cursors.read_past(0, outage, key(30));
+        assert_eq!(cursors.start(0, next), None);
+    }
+
+    #[test]
+    fn a_probe_that_reads_on_hands_the_turn_back_at_once_in_its_own_outage_only() {
         let health = DestinationHealth::default();
-        let mut now = Instant::now();
+        let now = Instant::now();
         health.batch_settled_at(deferred(), now);
-        now += Duration::from_secs(1);
-        assert_eq!(health.turn_at(now), Turn::Probe);
-        health.probe_read_past(key(10));
-        assert_eq!(health.turn_at(now), Turn::Probe);
-        health.probe_took_rows();
-        health.batch_settled_at(BatchHealth::Answered, now);
-        health.batch_settled_at(deferred(), now);
-        assert_eq!(health.probe_start(), None);
+        let outage = health.outage().expect("an outage");
+        let later = now + Duration::from_secs(1);
+        assert_eq!(health.turn_at(later), Turn::Probe);
+        assert_eq!(health.turn_at(later), Turn::Wait(PROBE_POLL));
+        health.probe_goes_on(outage);
+        assert_eq!(health.turn_at(later), Turn::Probe);
+        health.probe_goes_on(later);
+        assert_eq!(health.turn_at(later), Turn::Wait(PROBE_POLL), "not this outage's");
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub use decide::{
     Routed,
 };
 pub use destination::{Destination, Destinations, Readiness};
+use health::ProbeCursors;
 pub use health::{BatchHealth, DestinationHealth, RelayHealth, Turn, PROBE_ROWS};
 pub use settings::RelaySettings;
 
@@ -50,7 +51,7 @@ use crate::retry::Backoff;
 use crate::route::Router;
 use crate::sink::Outcome;
 pub use crate::store::OnPublish;
-use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, RowKey, Store, StoreError};
+use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, Store, StoreError};
 use claim_start::{ClaimFrontier, ClaimScope, ClaimStarts};
 use windows::{window_end, ClaimWindows, Taken, WINDOW_ROWS};
 
@@ -134,6 +135,8 @@ pub struct Relay {
     frontier: ClaimFrontier,
     /// Where claims read while some destination's rows are left out.
     windows: ClaimWindows,
+    /// Where this source's probes read each destination's rows.
+    probe_cursors: ProbeCursors,
     database_outage: Mutex<Outage>,
     health: Arc<RelayHealth>,
     /// Failures and quarantines of rows no destination was chosen for.
@@ -149,8 +152,8 @@ struct Plan {
     open: Vec<bool>,
     /// The destination this claim probes, alone.
     probe: Option<usize>,
-    /// Where a probe that reads in windows starts (`None`: the oldest row).
-    probe_from: Option<RowKey>,
+    /// The outage the probe is for, named by when it began.
+    probe_outage: Option<Instant>,
     /// Whether rows no route matches are taken (to be quarantined).
     unrouted: bool,
 }
@@ -195,6 +198,7 @@ impl Relay {
             catch_up: Arc::default(),
             frontier: ClaimFrontier::default(),
             windows: ClaimWindows::default(),
+            probe_cursors: ProbeCursors::default(),
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
@@ -335,8 +339,10 @@ impl Relay {
                 }
                 _ => Vec::new(),
             };
-            let probe_from = match plan.probe {
-                Some(_) if !self.route_patterns.is_empty() => Some(plan.probe_from),
+            let probe_from = match (plan.probe, plan.probe_outage) {
+                (Some(probed), Some(outage)) if !self.route_patterns.is_empty() => {
+                    Some(self.probe_cursors.start(probed, outage))
+                }
                 _ => None,
             };
             let (measured, unmeasured) = match window.map(|window| window.from).or(probe_from) {
@@ -476,19 +482,24 @@ impl Relay {
                 // The next window, at once.
                 continue;
             }
-            if let (Some(probed), Some(_)) = (plan.probe, probe_from) {
+            if let (Some(probed), Some(outage), Some(_)) = (plan.probe, plan.probe_outage, probe_from) {
                 let health = &self.destinations[probed].health;
                 match (claimed_rows, window_end(measured)) {
                     (0, Some(end)) => {
-                        health.probe_read_past(end);
+                        self.probe_cursors.read_past(probed, outage, end);
+                        health.probe_goes_on(outage);
                         continue;
                     }
+                    // A pass from the oldest row that found nothing ends
+                    // the outage below, as any probe that finds nothing
+                    // does; any other pass starts over from there.
                     (0, None) => {
-                        if !health.probe_reached_newest() {
+                        if !self.probe_cursors.reached_newest(probed, outage) {
+                            health.probe_goes_on(outage);
                             continue;
                         }
                     }
-                    _ => health.probe_took_rows(),
+                    _ => self.probe_cursors.took_rows(probed, outage),
                 }
             }
             if claimed_rows == 0 {
@@ -580,7 +591,7 @@ impl Relay {
                 rows: self.config.batch_size.min(PROBE_ROWS),
                 open: only,
                 probe,
-                probe_from: self.destinations[probed].health.probe_start(),
+                probe_outage: self.destinations[probed].health.outage(),
                 unrouted: false,
             });
         }
@@ -589,7 +600,7 @@ impl Relay {
                 rows: self.config.batch_size,
                 open,
                 probe: None,
-                probe_from: None,
+                probe_outage: None,
                 unrouted: true,
             });
         }
@@ -773,6 +784,16 @@ impl Relay {
             };
             settled.push((index, health));
             decisions.append(part);
+        }
+        // Rows given back for an outage lie where they were, behind where
+        // the claims of every set of destinations that includes theirs
+        // have read (see windows.rs): a sweep finds them once such a set
+        // is served again. A probe's rows were found where they lie.
+        let outage_began = settled
+            .iter()
+            .any(|(_, health)| matches!(health, BatchHealth::Deferred(_)));
+        if plan.probe.is_none() && (outage_began || !routed.parked.is_empty()) {
+            self.windows.sweep_soon();
         }
         // A row routed to a destination that this claim was not for (it
         // went down between the plan and the claim's filter) is given back

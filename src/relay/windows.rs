@@ -256,8 +256,11 @@ impl ClaimWindows {
             let entry = match kept {
                 // Back to a set of destinations served before: its
                 // positions still hold (rows behind its tail were taken or
-                // not its to take; rows given back since asked it for a
-                // sweep), and a first sweep it had not finished goes on
+                // not its to take; rows given back since, for an outage or
+                // behind an interrupted row, asked it for a sweep; rows a
+                // dead relay left wait for the next sweep as they would
+                // anyway), and a first sweep it had
+                // not finished goes on
                 // where it got to rather than from the oldest row again,
                 // which behind a long backlog it might never finish should
                 // the destinations keep changing. A destination open now
