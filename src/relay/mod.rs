@@ -53,7 +53,7 @@ use crate::sink::Outcome;
 pub use crate::store::OnPublish;
 use crate::store::{ClaimBudget, ClaimStart, Claimed, Ordering, RouteFilter, Store, StoreError};
 use claim_start::{ClaimFrontier, ClaimScope, ClaimStarts};
-use windows::{window_end, ClaimWindows, Taken, WINDOW_ROWS};
+use windows::{window_end, ClaimWindows, Taken, WindowMeasures, WINDOW_ROWS};
 
 /// Validated relay-loop settings.
 #[derive(Debug, Clone)]
@@ -137,6 +137,8 @@ pub struct Relay {
     windows: ClaimWindows,
     /// Where this source's probes read each destination's rows.
     probe_cursors: ProbeCursors,
+    /// The windows measured lately.
+    measures: WindowMeasures,
     database_outage: Mutex<Outage>,
     health: Arc<RelayHealth>,
     /// Failures and quarantines of rows no destination was chosen for.
@@ -199,6 +201,7 @@ impl Relay {
             frontier: ClaimFrontier::default(),
             windows: ClaimWindows::default(),
             probe_cursors: ProbeCursors::default(),
+            measures: WindowMeasures::default(),
             wake: Arc::new(Notify::new()),
             database_outage: Mutex::new(Outage::new("database")),
             health: Arc::default(),
@@ -346,9 +349,15 @@ impl Relay {
                 _ => None,
             };
             let (measured, unmeasured) = match window.map(|window| window.from).or(probe_from) {
-                Some(from) => match self.store.fresh_window(from, WINDOW_ROWS).await {
-                    Ok(measured) => (measured, None),
-                    Err(e) => (None, Some(e)),
+                Some(from) => match self.measures.reuse(from, claimed_at) {
+                    Some(measured) => (Some(measured), None),
+                    None => match self.store.fresh_window(from, WINDOW_ROWS).await {
+                        Ok(measured) => {
+                            self.measures.measured(from, measured, claimed_at);
+                            (measured, None)
+                        }
+                        Err(e) => (None, Some(e)),
+                    },
                 },
                 None => (None, None),
             };
