@@ -314,7 +314,7 @@ impl Relay {
             // A probe takes one destination's rows only: where it got to
             // says nothing about the others', so it moves no frontier nor
             // window. Where a claim leaves other destinations' rows out,
-            // it reads windows of its own (see health.rs, ProbeCursor);
+            // it reads windows of its own (see health.rs, ProbeCursors);
             // otherwise its destination's rows are the oldest.
             let scope: Option<ClaimScope> = plan.probe.is_none().then(|| {
                 let mut scope = plan.open.clone();
