@@ -42,7 +42,12 @@
 -- the aggregate is a head. Behind the start only, so that no row is both
 -- there and in the window; rows that failed before come from `tried`.
 -- The cast is of each value, so that it works for a column of an array
--- or composite type too. The row itself is then read by its id and
+-- or composite type too. A head at or past the start is left there, on
+-- its index entry, before its row is read: the window will reach it, and
+-- most heads are there (a successor lies anywhere after its predecessor,
+-- mostly ahead of where the claims read). Tested on the row instead, such
+-- heads cost a primary-key probe each, 40% of an ordered claim's buffers
+-- (see docs/performance.md, "Ordered claims"). The row itself is then read by its id and
 -- created_at (on a partitioned table, from its own partition alone), and
 -- its conditions written so
 -- that they imply no claim path index's predicate (one `num_nulls` test,
@@ -53,7 +58,8 @@
 --
 -- Plan: two range scans of claim.sql that stop at their LIMIT, and for
 -- each aggregate given one probe of the aggregate index (aggregate_id,
--- created_at, id) WHERE published_at IS NULL and one of the primary key;
+-- created_at, id) WHERE published_at IS NULL, and one of the primary key
+-- if its head lies behind the start;
 -- each range candidate costs one probe of the aggregate index for the
 -- anti-join. With a sequence_number column an aggregate's head is found
 -- by sorting its unpublished rows instead. Leased and backing-off rows
@@ -86,12 +92,18 @@ following AS (
     FROM (SELECT DISTINCT given::{aggregate_type} AS aggregate_id
           FROM unnest($7::text[]) AS given) AS published
     CROSS JOIN LATERAL (
-        SELECT first.id, first.created_at
-        FROM {table} AS first
-        WHERE first.aggregate_id = published.aggregate_id
-          AND first.published_at IS NULL
-        ORDER BY {head_order}
-        LIMIT 1
+        SELECT head_entry.id, head_entry.created_at
+        FROM (
+            SELECT first.id, first.created_at
+            FROM {table} AS first
+            WHERE first.aggregate_id = published.aggregate_id
+              AND first.published_at IS NULL
+            ORDER BY {head_order}
+            LIMIT 1
+        ) AS head_entry
+        WHERE (head_entry.created_at, head_entry.id)
+              < (COALESCE($5::timestamptz, '-infinity'),
+                 COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
     ) AS head
     JOIN {table} AS t ON t.id = head.id AND t.created_at = head.created_at
     WHERE t.published_at IS NULL
