@@ -653,6 +653,48 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
             explain(name.clone(), args).await;
             prepared.push((format!("{what}, planned on an empty table {state}"), name, args));
         }
+        // A worker's confirmed rows recorded on their own (an ordered
+        // relay's, every batch) run under the same settings.
+        let recordings = [
+            (
+                "the mark on its own",
+                include_str!("../src/store/sql/mark_published.sql"),
+            ),
+            (
+                "the delete on its own",
+                include_str!("../src/store/sql/delete_published.sql"),
+            ),
+        ];
+        let explain_recording = |name: &'static str| {
+            let client = &client;
+            async move {
+                client.batch_execute(begin).await.expect("recording settings");
+                let plan: Vec<String> = client
+                    .query(
+                        &format!(
+                            "EXPLAIN EXECUTE {name}('{{00000000-0000-0000-0000-000000000001}}'::uuid[], '{{1}}'::int[])"
+                        ),
+                        &[],
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("explain {name}: {e:?}"))
+                    .iter()
+                    .map(|row| row.get(0))
+                    .collect();
+                client.batch_execute("COMMIT").await.expect("commit");
+                plan
+            }
+        };
+        for ((_, sql), name) in recordings.iter().zip(["record_0", "record_1"]) {
+            client
+                .batch_execute(&format!(
+                    "PREPARE {name}(uuid[], int[]) AS {}",
+                    render_column_reads(&sql.replace("{table}", "\"outbox_event\""))
+                ))
+                .await
+                .unwrap_or_else(|e| panic!("prepare {name}: {e:?}"));
+            explain_recording(name).await;
+        }
         // Not `seed`, which analyzes the table: that would make the plans
         // again, on the full table.
         db.client
@@ -698,6 +740,20 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                     "{what} reads past where its window ends:\n{text}"
                 );
             }
+        }
+        for ((what, _), name) in recordings.iter().zip(["record_0", "record_1"]) {
+            let plan = explain_recording(name).await;
+            let text = plan.join("\n");
+            assert!(
+                text.contains("Index Cond: (id = ANY"),
+                "{what}, planned on an empty table {state}, does not probe the primary key:\n{text}"
+            );
+            assert!(
+                !text.contains("Seq Scan on outbox_event")
+                    && !text.contains("outbox_event_aggregate_idx")
+                    && !text.contains("outbox_event_fresh_idx"),
+                "{what}, planned on an empty table {state}, reads more than the rows it records:\n{text}"
+            );
         }
     }
 }

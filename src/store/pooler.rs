@@ -177,9 +177,40 @@ pub(super) async fn query_in_own_transaction(
         client.query(&statement, &values),
         client.batch_execute("COMMIT"),
     )?;
-    if started.elapsed() > slow {
-        tracing::debug!(took = ?started.elapsed(), "a claim was slow; its plan is made again on the next claim");
-        client.statement_cache.remove(sql, &types);
-    }
+    forget_if_slow(client, sql, &types, started, slow);
     Ok(rows)
+}
+
+/// As [`query_in_own_transaction`], for a statement that returns no rows:
+/// the number of rows it changed.
+pub(super) async fn execute_in_own_transaction(
+    client: &deadpool_postgres::Object,
+    begin: &str,
+    sql: &str,
+    params: &[Param<'_>],
+    slow: std::time::Duration,
+) -> Result<u64, tokio_postgres::Error> {
+    let (types, values) = split(params);
+    let statement = client.prepare_typed_cached(sql, &types).await?;
+    let started = std::time::Instant::now();
+    let (_, changed, _) = tokio::try_join!(
+        client.batch_execute(begin),
+        client.execute(&statement, &values),
+        client.batch_execute("COMMIT"),
+    )?;
+    forget_if_slow(client, sql, &types, started, slow);
+    Ok(changed)
+}
+
+fn forget_if_slow(
+    client: &deadpool_postgres::Object,
+    sql: &str,
+    types: &[Type],
+    started: std::time::Instant,
+    slow: std::time::Duration,
+) {
+    if started.elapsed() > slow {
+        tracing::debug!(took = ?started.elapsed(), "a statement under a generic plan was slow; its plan is made again on the next run");
+        client.statement_cache.remove(sql, types);
+    }
 }

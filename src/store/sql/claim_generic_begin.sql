@@ -4,7 +4,9 @@
 -- (0.35 ms a batch, most of what the relay's statement cost PostgreSQL
 -- beyond the row-lock loop's; docs/performance.md, "Generic plans for the
 -- claim"). LOCAL, so every other statement keeps the session's custom
--- plans.
+-- plans. A worker that records its confirmed rows on its own (an ordered
+-- relay, every batch) sends the recording the same way: it is the
+-- statement that unordered claims run inside them.
 --
 -- A generic plan is costed once, for the table as it is then, often
 -- empty. The claim statements are written so that each of their scans has
