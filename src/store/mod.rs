@@ -1112,12 +1112,13 @@ impl Store {
     }
 
     /// Records confirmed rows on their own (mark_published.sql or
-    /// delete_published.sql), under the generic plan that the unordered
-    /// claims use for the same statement inside them: on a direct
-    /// connection it is planned once, not for every batch, which an
-    /// ordered relay records on its own (0.14 ms of planning a batch; see
-    /// docs/performance.md, "Ordered claims"). Both statements are written
-    /// so that a plan made on an empty table probes the primary key.
+    /// delete_published.sql) under a generic plan, with the settings that
+    /// the unordered claims use, which run a copy of the same statement
+    /// inside them: on a direct connection it is planned once per
+    /// connection, not for every batch, which an ordered relay records on
+    /// its own (0.14 ms of planning a batch; see docs/performance.md,
+    /// "Ordered claims"). Both statements are written so that a plan made
+    /// on an empty table probes the primary key.
     async fn record_confirmed(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, StoreError> {
         if self.pooler != Pooler::None {
             return self.execute(sql, params).await;
@@ -1241,15 +1242,16 @@ mod tests {
                 assert!(statement.contains("(created_at, id) >= (COALESCE($5::timestamptz, '-infinity'),"));
                 assert!(statement.contains("COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))"));
             }
-            // The ordered ones' too, the two paths that read the fresh
-            // index on either side of it, and then the aggregates whose
-            // next rows they look for.
+            // The ordered ones' too: the fresh path from it, and behind
+            // it the heads of the aggregates just published, tested on
+            // their index entries and again on their rows; then those
+            // aggregates.
             for statement in sql.claim_ordered.iter().chain(&sql.claim_ordered_by_sequence) {
                 assert_eq!(
                     statement
                         .matches("COALESCE($5::timestamptz, '-infinity')")
                         .count(),
-                    2
+                    3
                 );
                 assert!(statement.contains("given::{aggregate_type} AS aggregate_id"));
                 assert!(statement.contains("FROM unnest($7::text[]) AS given"));

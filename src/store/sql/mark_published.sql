@@ -5,7 +5,7 @@
 -- already dealt with.
 --
 -- Written so that the only plan is primary-key probes for the ids, since
--- claims record this statement's rows under a generic plan (see
+-- it runs under a generic plan, inside claims and on its own (see
 -- claim_generic_begin.sql), which may have been made on an empty table:
 -- no join on id (a join made a full scan of the primary key in the key's
 -- order look useful: 200,000 rows read to mark 100), the attempt looked
