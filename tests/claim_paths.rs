@@ -622,23 +622,26 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 .expect("analyze");
         }
         let begin = include_str!("../src/store/sql/claim_generic_begin.sql");
-        let explain = |name: String, args: &'static str| {
+        // `execute`: a prepared statement's name and its arguments.
+        let explain = |execute: String| {
             let client = &client;
             async move {
-                client.batch_execute(begin).await.expect("claim settings");
+                client.batch_execute(begin).await.expect("generic plan settings");
                 let plan: Vec<String> = client
-                    .query(
-                        &format!("EXPLAIN EXECUTE {name}(100, 600000, 16777216, 16777216, NULL, NULL{args})"),
-                        &[],
-                    )
+                    .query(&format!("EXPLAIN EXECUTE {execute}"), &[])
                     .await
-                    .unwrap_or_else(|e| panic!("explain {name}: {e:?}"))
+                    .unwrap_or_else(|e| panic!("explain {execute}: {e:?}"))
                     .iter()
                     .map(|row| row.get(0))
                     .collect();
                 client.batch_execute("COMMIT").await.expect("commit");
                 plan
             }
+        };
+        let claim_arguments =
+            |name: &str, args: &str| format!("{name}(100, 600000, 16777216, 16777216, NULL, NULL{args})");
+        let recording_arguments = |name: &str| {
+            format!("{name}('{{00000000-0000-0000-0000-000000000001}}'::uuid[], '{{1}}'::int[])")
         };
         let mut prepared = Vec::new();
         for (index, (what, sql, types, args)) in unordered_claims().into_iter().enumerate() {
@@ -650,7 +653,7 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 .await
                 .unwrap_or_else(|e| panic!("prepare {what}: {e:?}"));
             // Made and kept now, on the empty table.
-            explain(name.clone(), args).await;
+            explain(claim_arguments(&name, args)).await;
             prepared.push((format!("{what}, planned on an empty table {state}"), name, args));
         }
         // A worker's confirmed rows recorded on their own (an ordered
@@ -665,26 +668,6 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 include_str!("../src/store/sql/delete_published.sql"),
             ),
         ];
-        let explain_recording = |name: &'static str| {
-            let client = &client;
-            async move {
-                client.batch_execute(begin).await.expect("recording settings");
-                let plan: Vec<String> = client
-                    .query(
-                        &format!(
-                            "EXPLAIN EXECUTE {name}('{{00000000-0000-0000-0000-000000000001}}'::uuid[], '{{1}}'::int[])"
-                        ),
-                        &[],
-                    )
-                    .await
-                    .unwrap_or_else(|e| panic!("explain {name}: {e:?}"))
-                    .iter()
-                    .map(|row| row.get(0))
-                    .collect();
-                client.batch_execute("COMMIT").await.expect("commit");
-                plan
-            }
-        };
         for ((_, sql), name) in recordings.iter().zip(["record_0", "record_1"]) {
             client
                 .batch_execute(&format!(
@@ -693,7 +676,7 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 ))
                 .await
                 .unwrap_or_else(|e| panic!("prepare {name}: {e:?}"));
-            explain_recording(name).await;
+            explain(recording_arguments(name)).await;
         }
         // Not `seed`, which analyzes the table: that would make the plans
         // again, on the full table.
@@ -713,7 +696,7 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
             .await
             .expect("fill the table");
         for (what, name, args) in prepared {
-            let plan = explain(name, args).await;
+            let plan = explain(claim_arguments(&name, args)).await;
             let text = plan.join("\n");
             assert!(
                 !text.contains("Seq Scan on outbox_event"),
@@ -742,7 +725,7 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
             }
         }
         for ((what, _), name) in recordings.iter().zip(["record_0", "record_1"]) {
-            let plan = explain_recording(name).await;
+            let plan = explain(recording_arguments(name)).await;
             let text = plan.join("\n");
             assert!(
                 text.contains("Index Cond: (id = ANY"),
