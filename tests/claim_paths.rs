@@ -294,13 +294,14 @@ async fn ordered_claims_take_due_heads_from_both_paths_and_never_a_successor() {
 }
 
 /// A claim's candidates and claim_lease.sql as Store renders them for the
-/// migrated table without a headers column.
+/// migrated (plain) table without a headers column.
 fn render(candidates: &str) -> String {
     render_column_reads(
         &format!(
             "{candidates},\n{}",
             include_str!("../src/store/sql/claim_lease.sql")
         )
+        .replace("{heads_read}", HEADS_BY_KEY)
         .replace("{table}", "\"outbox_event\"")
         .replace("{predecessor_key}", "(p.created_at, p.id)")
         .replace("{row_key}", "(t.created_at, t.id)")
@@ -309,6 +310,11 @@ fn render(candidates: &str) -> String {
         .replace("{headers}", "NULL::text"),
     )
 }
+
+/// How an ordered claim reads the heads it found on a plain table, as
+/// Store renders it.
+const HEADS_BY_KEY: &str =
+    "FROM {table} AS t\n    WHERE t.id = ANY (ARRAY(SELECT head.id FROM heads AS head))\n      AND";
 
 /// Where a routed claim's window ends, as Store renders it for a claim
 /// that records nothing.
@@ -465,9 +471,16 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
             let following = following_path(&plan, what);
             assert!(
                 following.contains("outbox_event_aggregate_idx")
-                    && following.contains("Index Cond: (aggregate_id = published.aggregate_id)"),
+                    && following.contains("Index Cond: (aggregate_id = given.given)"),
                 "{what} does not look for the next rows of the aggregates just published in the aggregate \
                  index:\n{plan}"
+            );
+            // On a plain table, their rows are read by primary key, in one
+            // scan of the heads' keys.
+            assert!(
+                following.contains("Index Scan using outbox_event_pkey")
+                    && following.contains("Index Cond: (id = ANY ("),
+                "{what} does not read the heads it found by their keys:\n{plan}"
             );
             assert!(
                 !following.contains("outbox_event_fresh_idx"),
@@ -598,10 +611,45 @@ fn unordered_claims() -> Vec<(&'static str, String, &'static str, &'static str)>
     ]
 }
 
+/// The ordered claims as Store renders them for a plain table on a
+/// direct connection, like [`unordered_claims`]: their fifth to seventh
+/// parameters are where the window starts and the aggregates just
+/// published, the route filter's follow, and where the window ends.
+fn ordered_claims() -> Vec<(&'static str, String, &'static str, &'static str)> {
+    let claim = include_str!("../src/store/sql/claim_ordered.sql");
+    let window_end = |first: usize| {
+        WINDOW_END
+            .replace("$10::uuid", &format!("${}::uuid", first + 1))
+            .replace("$9::timestamptz", &format!("${first}::timestamptz"))
+    };
+    vec![
+        (
+            "ordered claim",
+            render(&claim.replace("{route_filter}", "").replace("{window_end}", &window_end(8))),
+            ", text[], timestamptz, uuid",
+            ", '{order-1,order-2}', NULL, NULL",
+        ),
+        (
+            "ordered claim with a route filter",
+            render(
+                &claim
+                    .replace(
+                        "{route_filter}",
+                        "\n      AND CASE WHEN t.event_type::text LIKE ($8::text[])[1] THEN ($9::bool[])[1] ELSE ($9::bool[])[2] END",
+                    )
+                    .replace("{window_end}", &window_end(10)),
+            ),
+            ", text[], text[], bool[], timestamptz, uuid",
+            ", '{order-1,order-2}', ARRAY['order.%'], ARRAY[false, true], now(), NULL",
+        ),
+    ]
+}
+
 /// A generic plan is made once, for the table as it is then, and an
 /// outbox is often empty then (a relay started beside a new table, or
-/// after retention). Each unordered claim is planned as a relay plans it
-/// on a direct connection (sql/claim_generic_begin.sql) on an empty table,
+/// after retention). Each claim that runs under a generic plan (every
+/// claim of a plain table) is planned as a relay plans it on a direct
+/// connection (sql/claim_generic_begin.sql) on an empty table,
 /// never analyzed and then analyzed, and the plans kept are read again on
 /// a table of tens of thousands of rows: every scan descends an index to
 /// a condition, none reads a whole index or the table (the plans this
@@ -651,7 +699,9 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
             format!("{name}('{{00000000-0000-0000-0000-000000000001}}'::uuid[], '{{1}}'::int[])")
         };
         let mut prepared = Vec::new();
-        for (index, (what, sql, types, args)) in unordered_claims().into_iter().enumerate() {
+        for (index, (what, sql, types, args)) in
+            unordered_claims().into_iter().chain(ordered_claims()).enumerate()
+        {
             let name = format!("claim_{index}");
             client
                 .batch_execute(&format!(
@@ -724,10 +774,32 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 descends_to_start(&text),
                 "{what} does not descend to where it starts:\n{text}"
             );
-            if what.contains("route filter") {
+            if what.contains("route filter") || what.starts_with("ordered") {
                 assert!(
                     stops_at_window_end(&text),
                     "{what} reads past where its window ends:\n{text}"
+                );
+            }
+            // The only joins are of the statement's own results, at most
+            // a batch each: nothing hashes the table.
+            for (line, next) in plan.iter().zip(plan.iter().skip(1)) {
+                if line.trim_start().starts_with("->  Hash ") {
+                    assert!(
+                        next.contains("CTE Scan on"),
+                        "{what} hashes more than a batch ({next}):\n{text}"
+                    );
+                }
+            }
+            if what.starts_with("ordered") {
+                // The heads of the aggregates just published, found on
+                // their index entries and read by key; each candidate's
+                // predecessor looked for in its own aggregate (checked
+                // above: every index scan has a condition).
+                let following = following_path(&text, &what);
+                assert!(
+                    following.contains("Index Cond: (aggregate_id = given.given)")
+                        && following.contains("Index Cond: (id = ANY ("),
+                    "{what} does not find the heads of the aggregates just published by their keys:\n{text}"
                 );
             }
         }

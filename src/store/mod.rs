@@ -127,9 +127,32 @@ struct ClaimStatements {
     claim_after_mark: [String; 2],
     /// The claim that first deletes the previous batch's confirmed rows.
     claim_after_delete: [String; 2],
-    claim_ordered: [String; 2],
-    claim_ordered_by_sequence: [String; 2],
+    /// The ordered claims of a plain table.
+    claim_ordered: OrderedClaims,
+    /// The ordered claims of a partitioned table.
+    claim_ordered_partitioned: OrderedClaims,
 }
+
+/// The ordered claims for one kind of table (see [`HEADS_BY_KEY`]), each
+/// indexed as [`ClaimStatements`]'.
+#[derive(Debug)]
+struct OrderedClaims {
+    /// In `(created_at, id)` order within an aggregate.
+    by_time: [String; 2],
+    /// In `(sequence_number, created_at, id)` order.
+    by_sequence: [String; 2],
+}
+
+/// How an ordered claim reads the rows of the heads it found behind its
+/// start (see claim_ordered.sql) on a plain table: by primary key, one
+/// scan of the keys, so that a generic plan has one path to them.
+const HEADS_BY_KEY: &str =
+    "FROM {table} AS t\n    WHERE t.id = ANY (ARRAY(SELECT head.id FROM heads AS head))\n      AND";
+
+/// As [`HEADS_BY_KEY`], on a partitioned table: joined on id and
+/// created_at, so that each head is read from its own partition alone.
+const HEADS_IN_THEIR_PARTITIONS: &str =
+    "FROM heads AS head\n    JOIN {table} AS t ON t.id = head.id AND t.created_at = head.created_at\n    WHERE";
 
 /// The condition that keeps the rows a claim records out of what it
 /// claims (see claim.sql). The ids come through a sub-select so that the
@@ -200,30 +223,37 @@ impl ClaimStatements {
                 "{window_end}",
                 &window_end_condition(if routes == 0 { 8 } else { 10 }),
             );
+        let ordered_claims = |heads_read: &str| {
+            let ordered = ordered.replace("{heads_read}", heads_read);
+            OrderedClaims {
+                by_time: claim(&ordered).map(|sql| {
+                    sql.replace("{predecessor_key}", "(p.created_at, p.id)")
+                        .replace("{row_key}", "(t.created_at, t.id)")
+                        .replace("{head_order}", "first.created_at, first.id")
+                }),
+                // A row without a sequence number sorts first in its aggregate.
+                by_sequence: claim(&ordered).map(|sql| {
+                    sql.replace(
+                        "{predecessor_key}",
+                        "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
+                    )
+                    .replace(
+                        "{row_key}",
+                        "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
+                    )
+                    .replace(
+                        "{head_order}",
+                        "COALESCE(first.sequence_number, -9223372036854775808), first.created_at, first.id",
+                    )
+                }),
+            }
+        };
         Self {
             claim: claim(&plain_claim),
             claim_after_mark: claim_after(include_str!("sql/mark_published.sql")),
             claim_after_delete: claim_after(include_str!("sql/delete_published.sql")),
-            claim_ordered: claim(&ordered).map(|sql| {
-                sql.replace("{predecessor_key}", "(p.created_at, p.id)")
-                    .replace("{row_key}", "(t.created_at, t.id)")
-                    .replace("{head_order}", "first.created_at, first.id")
-            }),
-            // A row without a sequence number sorts first in its aggregate.
-            claim_ordered_by_sequence: claim(&ordered).map(|sql| {
-                sql.replace(
-                    "{predecessor_key}",
-                    "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
-                )
-                .replace(
-                    "{row_key}",
-                    "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
-                )
-                .replace(
-                    "{head_order}",
-                    "COALESCE(first.sequence_number, -9223372036854775808), first.created_at, first.id",
-                )
-            }),
+            claim_ordered: ordered_claims(HEADS_BY_KEY),
+            claim_ordered_partitioned: ordered_claims(HEADS_IN_THEIR_PARTITIONS),
         }
     }
 }
@@ -447,6 +477,12 @@ pub struct Store {
     has_sequence_column: ColumnPresence,
     /// Whether the table has the producer's `headers` column.
     has_headers_column: ColumnPresence,
+    /// Whether the table is partitioned, which decides how ordered claims
+    /// read it and whether they run under a generic plan. A table is
+    /// converted while relays run (docs/operations.md), so a plain one is
+    /// looked up again as an absent column is; a claim written for the
+    /// other kind is right on either, only slower.
+    table_partitioned: ColumnPresence,
     /// The `aggregate_id` column's type, looked up at the first ordered
     /// claim that is given aggregates, and again after any ordered claim
     /// failed (a producer may change it).
@@ -570,6 +606,7 @@ impl Store {
             has_sequence_column: ColumnPresence::default(),
             aggregate_type: std::sync::Mutex::default(),
             has_headers_column: ColumnPresence::default(),
+            table_partitioned: ColumnPresence::default(),
             synchronous_commit,
         }
     }
@@ -700,12 +737,19 @@ impl Store {
         let end = start.end();
         let claimed = self
             .with_current_columns(|| async {
+                let partitioned = match ordering {
+                    Ordering::None => false,
+                    Ordering::Aggregate => self.claims_a_partitioned_table().await?,
+                };
+                let ordered = if partitioned {
+                    &claims.claim_ordered_partitioned
+                } else {
+                    &claims.claim_ordered
+                };
                 let sql = &match ordering {
                     Ordering::None => &claims.claim,
-                    Ordering::Aggregate if self.orders_by_sequence().await? => {
-                        &claims.claim_ordered_by_sequence
-                    }
-                    Ordering::Aggregate => &claims.claim_ordered,
+                    Ordering::Aggregate if self.orders_by_sequence().await? => &ordered.by_sequence,
+                    Ordering::Aggregate => &ordered.by_time,
                 }[usize::from(self.has_headers().await?)];
                 let mut params: Vec<Param<'_>> = vec![(&from, Type::TIMESTAMPTZ), (&from_id, Type::UUID)];
                 let ordered_sql;
@@ -725,11 +769,9 @@ impl Store {
                         &ordered_sql
                     }
                 };
-                let plan = match ordering {
-                    Ordering::None => Plan::Generic,
-                    // Their statements are not written for a generic plan.
-                    Ordering::Aggregate => Plan::Custom,
-                };
+                // A partitioned table's ordered claim joins the table, which
+                // a generic plan could do any way (see claim_ordered.sql).
+                let plan = if partitioned { Plan::Custom } else { Plan::Generic };
                 self.run_claim(sql, plan, budget, lease, &params).await
             })
             .await;
@@ -963,6 +1005,14 @@ impl Store {
     pub async fn orders_by_sequence(&self) -> Result<bool, StoreError> {
         self.has_sequence_column
             .get_or_look_up(|| self.has_column(include_str!("sql/has_sequence_column.sql")))
+            .await
+    }
+
+    /// Whether the table is partitioned, as ordered claims remember it
+    /// (see its field, `table_partitioned`).
+    async fn claims_a_partitioned_table(&self) -> Result<bool, StoreError> {
+        self.table_partitioned
+            .get_or_look_up(|| self.is_partitioned())
             .await
     }
 
@@ -1222,8 +1272,10 @@ mod tests {
                 &sql.claim,
                 &sql.claim_after_mark,
                 &sql.claim_after_delete,
-                &sql.claim_ordered,
-                &sql.claim_ordered_by_sequence,
+                &sql.claim_ordered.by_time,
+                &sql.claim_ordered.by_sequence,
+                &sql.claim_ordered_partitioned.by_time,
+                &sql.claim_ordered_partitioned.by_sequence,
             ];
             for statement in all.iter().flat_map(|variants| variants.iter()) {
                 // The aggregate_id column's type is filled in at the claim.
@@ -1244,17 +1296,29 @@ mod tests {
             }
             // The ordered ones' too: the fresh path from it, and behind
             // it the heads of the aggregates just published, tested on
-            // their index entries and again on their rows; then those
-            // aggregates.
-            for statement in sql.claim_ordered.iter().chain(&sql.claim_ordered_by_sequence) {
-                assert_eq!(
-                    statement
-                        .matches("COALESCE($5::timestamptz, '-infinity')")
-                        .count(),
-                    3
-                );
-                assert!(statement.contains("given::{aggregate_type} AS aggregate_id"));
-                assert!(statement.contains("FROM unnest($7::text[]) AS given"));
+            // their index entries; then those aggregates. A plain table's
+            // heads are read by key, a partitioned one's in their
+            // partitions.
+            let ordered = [&sql.claim_ordered, &sql.claim_ordered_partitioned];
+            for (claims, partitioned) in ordered.into_iter().zip([false, true]) {
+                for statement in claims.by_time.iter().chain(&claims.by_sequence) {
+                    assert_eq!(
+                        statement
+                            .matches("COALESCE($5::timestamptz, '-infinity')")
+                            .count(),
+                        2
+                    );
+                    assert!(statement.contains("given::{aggregate_type} AS aggregate_id"));
+                    assert!(statement.contains("FROM unnest($7::text[]) AS given"));
+                    assert_eq!(
+                        statement.contains("WHERE t.id = ANY (ARRAY(SELECT head.id FROM heads AS head))"),
+                        !partitioned
+                    );
+                    assert_eq!(
+                        statement.contains("ON t.id = head.id AND t.created_at = head.created_at"),
+                        partitioned
+                    );
+                }
             }
         }
         assert!(!statements.claims.claim[0].contains("$7"));
@@ -1274,20 +1338,20 @@ mod tests {
             2
         );
         assert_eq!(
-            routed.claim_ordered[0]
+            routed.claim_ordered.by_time[0]
                 .matches("t.event_type::text LIKE ($8::text[])[1]")
                 .count(),
             3
         );
         assert_eq!(
-            routed.claim_ordered[0]
+            routed.claim_ordered.by_time[0]
                 .matches("COALESCE($10::timestamptz, 'infinity')")
                 .count(),
             1
         );
         // Every ordered claim reads in windows: the end follows the
         // aggregates just published, or the filter's parameters.
-        assert!(statements.claims.claim_ordered[0].contains("COALESCE($8::timestamptz, 'infinity')"));
-        assert!(!statements.claims.claim_ordered[0].contains("$10"));
+        assert!(statements.claims.claim_ordered.by_time[0].contains("COALESCE($8::timestamptz, 'infinity')"));
+        assert!(!statements.claims.claim_ordered.by_time[0].contains("$10"));
     }
 }

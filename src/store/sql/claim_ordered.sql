@@ -47,20 +47,37 @@
 -- most heads are there (a successor lies anywhere after its predecessor,
 -- mostly ahead of where the claims read). Tested on the row instead, such
 -- heads cost a primary-key probe each: 41% of this path's buffers, 15% of
--- the claim's (see docs/performance.md, "Ordered claims"). The row itself
--- is then read by its id and created_at (on a partitioned table, from its
--- own partition alone), and its conditions written so that they imply no claim path index's predicate (one `num_nulls` test,
--- not the fresh index's two `IS NULL` tests): with an earlier form of
--- this path PostgreSQL read the fresh index from the oldest row to the
--- start instead, every waiting row each claim, whenever the table's
--- statistics were behind (measured: 20,000 of them).
+-- the claim's (see docs/performance.md, "Ordered claims"). The heads
+-- found (`heads`) are then read from the table as the relay fills in
+-- the placeholder before `num_nulls`: on a plain table by primary key, `id = ANY(ARRAY(...))`, one index scan of
+-- at most a batch of keys; on a partitioned one joined on id and
+-- created_at, so that each is read from its own partition alone (an
+-- array of keys is looked up in every partition; PostgreSQL 15 does not
+-- prune partitions by one at run time). Their conditions are written so
+-- that they imply no index's predicate (one `num_nulls` test, not two or
+-- three `IS NULL` tests): with an earlier form of this path PostgreSQL
+-- read the fresh index from the oldest row to the start instead, every
+-- waiting row each claim, whenever the table's statistics were behind
+-- (measured: 20,000 of them), and under a generic plan the whole
+-- aggregate index. A head's place behind the start is tested on its
+-- index entry only: an event's id and created_at never change.
+--
+-- On a plain table the relay runs this statement under a generic plan
+-- on a direct connection (claim_generic_begin.sql), which saves planning
+-- it for every batch (0.4-0.7 ms). So each of its scans has one sensible
+-- path whatever the table held when the plan was made: the predecessor
+-- test stays a subquery run per candidate (`OFFSET 0` keeps PostgreSQL
+-- from turning it into a join, which a plan made on an empty table
+-- filtered over the whole aggregate index), and `heads` and `published`
+-- are read only through lateral probes and the array of keys. A
+-- partitioned table's statement is planned for every batch.
 --
 -- Plan: two range scans of claim.sql that stop at their LIMIT, and for
 -- each aggregate given one probe of the aggregate index (aggregate_id,
 -- created_at, id) WHERE published_at IS NULL, and one of the primary key
 -- if its head lies behind the start;
--- each range candidate costs one probe of the aggregate index for the
--- anti-join. With a sequence_number column an aggregate's head is found
+-- each range candidate costs one probe of the aggregate index for its
+-- predecessor. With a sequence_number column an aggregate's head is found
 -- by sorting its unpublished rows instead. Leased and backing-off rows
 -- are not walked, but untried rows behind a stuck head are, on every
 -- claim from the oldest row, so a very long stuck aggregate makes those
@@ -80,37 +97,34 @@ WITH tried AS (
           WHERE p.aggregate_id = t.aggregate_id
             AND p.published_at IS NULL
             AND {predecessor_key} < {row_key}
+          OFFSET 0
       )
     ORDER BY t.next_attempt_at
     LIMIT $1
     FOR UPDATE OF t SKIP LOCKED
 ),
-following AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body,
-           (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
+heads AS (
+    SELECT head_entry.id, head_entry.created_at
     FROM (SELECT DISTINCT given::{aggregate_type} AS aggregate_id
           FROM unnest($7::text[]) AS given) AS published
     CROSS JOIN LATERAL (
-        SELECT head_entry.id, head_entry.created_at
-        FROM (
-            SELECT first.id, first.created_at
-            FROM {table} AS first
-            WHERE first.aggregate_id = published.aggregate_id
-              AND first.published_at IS NULL
-            ORDER BY {head_order}
-            LIMIT 1
-        ) AS head_entry
-        WHERE (head_entry.created_at, head_entry.id)
-              < (COALESCE($5::timestamptz, '-infinity'),
-                 COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
-    ) AS head
-    JOIN {table} AS t ON t.id = head.id AND t.created_at = head.created_at
-    WHERE t.published_at IS NULL
-      AND num_nulls(t.quarantined_at, t.last_error) = 2
+        SELECT first.id, first.created_at
+        FROM {table} AS first
+        WHERE first.aggregate_id = published.aggregate_id
+          AND first.published_at IS NULL
+        ORDER BY {head_order}
+        LIMIT 1
+    ) AS head_entry
+    WHERE (head_entry.created_at, head_entry.id)
+          < (COALESCE($5::timestamptz, '-infinity'),
+             COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
+),
+following AS (
+    SELECT t.id, t.created_at, {read:t.payload} AS body,
+           (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
+    {heads_read} num_nulls(t.published_at, t.quarantined_at, t.last_error) = 3
       AND t.next_attempt_at <= now()
       AND (t.leased_until IS NULL OR t.leased_until <= now()){route_filter}
-      AND (t.created_at, t.id) < (COALESCE($5::timestamptz, '-infinity'),
-                                  COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
     ORDER BY t.created_at, t.id
     LIMIT $1 - (SELECT count(*) FROM tried)
     FOR UPDATE OF t SKIP LOCKED
@@ -132,6 +146,7 @@ untried AS (
           WHERE p.aggregate_id = t.aggregate_id
             AND p.published_at IS NULL
             AND {predecessor_key} < {row_key}
+          OFFSET 0
       )
     ORDER BY t.created_at, t.id
     LIMIT $1 - (SELECT count(*) FROM tried) - (SELECT count(*) FROM following)
