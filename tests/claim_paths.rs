@@ -311,6 +311,26 @@ fn render(candidates: &str) -> String {
     )
 }
 
+/// As [`render`], for a table with a `sequence_number` column, whose
+/// ordered claims order an aggregate's rows by it first.
+fn render_by_sequence(candidates: &str) -> String {
+    render(
+        &candidates
+            .replace(
+                "{predecessor_key}",
+                "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
+            )
+            .replace(
+                "{row_key}",
+                "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
+            )
+            .replace(
+                "{head_order}",
+                "COALESCE(first.sequence_number, -9223372036854775808), first.created_at, first.id",
+            ),
+    )
+}
+
 /// How an ordered claim reads the heads it found on a plain table, as
 /// Store renders it.
 const HEADS_BY_KEY: &str =
@@ -533,6 +553,60 @@ fn following_path<'a>(plan: &'a str, what: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{what} has no following path:\n{plan}"))
 }
 
+/// The inputs of every hash join in a plan in EXPLAIN's text format: the
+/// nodes directly under the join, and under its Hash node. A node's
+/// children are the lines of its subtree whose arrow is indented two
+/// past where the node's own text starts; the plans of CTEs and subplans
+/// under it are indented two more, under their headings.
+fn hash_join_inputs(plan: &[String]) -> Vec<String> {
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let text_start = |line: &str| line.find("->  ").map_or_else(|| indent(line), |arrow| arrow + 4);
+    let children = |node: usize| -> Vec<usize> {
+        let start = text_start(&plan[node]);
+        plan.iter()
+            .enumerate()
+            .skip(node + 1)
+            .take_while(|(_, line)| indent(line) > start)
+            .filter(|(_, line)| line.find("->  ") == Some(start + 2))
+            .map(|(index, _)| index)
+            .collect()
+    };
+    let mut inputs = Vec::new();
+    for (node, line) in plan.iter().enumerate() {
+        if line.contains("Hash Join") {
+            for child in children(node) {
+                if plan[child].contains("->  Hash  (") {
+                    inputs.extend(children(child).into_iter().map(|index| plan[index].clone()));
+                } else {
+                    inputs.push(plan[child].clone());
+                }
+            }
+        }
+    }
+    inputs
+}
+
+#[test]
+fn a_hash_join_has_its_two_inputs_whatever_lies_between_them() {
+    let plan: Vec<String> = [
+        "Hash Join  (cost=1.00..2.00 rows=1 width=8)",
+        "  Hash Cond: (l.id = b.id)",
+        "  CTE leased",
+        "    ->  Update on outbox_event t  (cost=0.29..8.31 rows=1 width=8)",
+        "          ->  Index Scan using outbox_event_pkey on outbox_event t  (cost=0.29..8.31 rows=1 width=8)",
+        "                Index Cond: (id = ANY ($7))",
+        "  ->  CTE Scan on leased l  (cost=0.00..0.02 rows=1 width=8)",
+        "  ->  Hash  (cost=0.02..0.02 rows=1 width=8)",
+        "        ->  Seq Scan on outbox_event b  (cost=0.00..0.02 rows=1 width=8)",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let inputs = hash_join_inputs(&plan);
+    assert_eq!(inputs.len(), 2, "{inputs:?}");
+    assert!(inputs[0].contains("CTE Scan on leased"));
+    assert!(inputs[1].contains("Seq Scan on outbox_event b"));
+}
+
 /// The plan descends the fresh index to where its claim starts.
 fn descends_to_start(plan: &str) -> bool {
     plan.contains("Index Cond: (ROW(created_at, id) >=")
@@ -642,6 +716,12 @@ fn ordered_claims() -> Vec<(&'static str, String, &'static str, &'static str)> {
             ", text[], text[], bool[], timestamptz, uuid",
             ", '{order-1,order-2}', ARRAY['order.%'], ARRAY[false, true], now(), NULL",
         ),
+        (
+            "ordered claim by sequence number",
+            render_by_sequence(&claim.replace("{route_filter}", "").replace("{window_end}", &window_end(8))),
+            ", text[], timestamptz, uuid",
+            ", '{order-1,order-2}', NULL, NULL",
+        ),
     ]
 }
 
@@ -664,10 +744,15 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
         let db = TestDb::migrated().await;
         // An autovacuum's ANALYZE of the filled table would have the plans
         // made again before they are read, and the test check nothing.
+        // The column that orders an ordered claim by sequence number;
+        // nothing else reads it.
         db.client
-            .batch_execute("ALTER TABLE outbox_event SET (autovacuum_enabled = off)")
+            .batch_execute(
+                "ALTER TABLE outbox_event SET (autovacuum_enabled = off);
+                 ALTER TABLE outbox_event ADD COLUMN sequence_number bigint",
+            )
             .await
-            .expect("autovacuum off");
+            .expect("autovacuum off, sequence_number added");
         let store = store(&db);
         let client = store.client().await.expect("pooled connection");
         if state == "analyzed" {
@@ -781,15 +866,20 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                 );
             }
             // The only joins are of the statement's own results, at most
-            // a batch each: nothing hashes the table.
-            for (line, next) in plan.iter().zip(plan.iter().skip(1)) {
-                if line.trim_start().starts_with("->  Hash ") {
-                    assert!(
-                        next.contains("CTE Scan on"),
-                        "{what} hashes more than a batch ({next}):\n{text}"
-                    );
-                }
+            // a batch each: no hash join reads the table.
+            let hashed = hash_join_inputs(&plan);
+            for input in &hashed {
+                assert!(
+                    input.contains("CTE Scan on"),
+                    "{what} joins more than a batch by hash ({input}):\n{text}"
+                );
             }
+            // The leased rows are joined to the candidates in one pass,
+            // not compared pair by pair.
+            assert!(
+                hashed.iter().any(|input| input.contains("CTE Scan on leased")),
+                "{what} does not join the leased rows to the candidates by hash:\n{text}"
+            );
             if what.starts_with("ordered") {
                 // The heads of the aggregates just published, found on
                 // their index entries and read by key; each candidate's

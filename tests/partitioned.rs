@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use common::TestDb;
-use outbox_relay::store::{ClaimBudget, DatabaseSettings, Ordering, Store};
+use outbox_relay::store::{ClaimBudget, ClaimStart, DatabaseSettings, Ordering, Store};
 use uuid::Uuid;
 
 const RETENTION: Duration = Duration::from_secs(7 * 86_400);
@@ -220,6 +220,111 @@ async fn claims_take_every_row_across_partitions_once_and_in_order() {
         }
         assert_eq!(db.count("published_at IS NULL").await, 0);
     }
+}
+
+/// An ordered claim on a partitioned table reads the heads it finds
+/// behind its window's start in their own partitions (joined on id and
+/// created_at, see claim_ordered.sql), wherever they lie: here in a day
+/// partition and DEFAULT, behind a window that starts today.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_ordered_window_takes_the_heads_behind_it_from_their_own_partitions() {
+    let db = partitioned_db("daily").await;
+    day_partition(&db, -2).await;
+    day_partition(&db, -1).await;
+    // In (created_at, id) order, each on the day given (-5 has no
+    // partition: DEFAULT). a1, b1 and c1 are published, e1 is in flight:
+    // a2, b2, c2 and d1 are heads, e2 is not.
+    let rows = [
+        ("a1", -5, true, false),
+        ("a2", -5, false, false),
+        ("b1", -2, true, false),
+        ("b2", -2, false, false),
+        ("c1", -2, true, false),
+        ("c2", -1, false, false),
+        ("e1", -1, false, true),
+        ("e2", -1, false, false),
+        ("d1", 0, false, false),
+    ];
+    let mut ids = std::collections::HashMap::new();
+    for (n, (name, day, published, in_flight)) in rows.iter().enumerate() {
+        let id = Uuid::new_v4();
+        db.client
+            .execute(
+                "INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at,
+                                           published_at, attempt_count, leased_until)
+                 VALUES ($1, 'order.created', $2, '{}',
+                         (((now() AT TIME ZONE 'UTC')::date + $3::int)::timestamp AT TIME ZONE 'UTC')
+                             + interval '1 hour' + $4::int * interval '1 millisecond',
+                         CASE WHEN $5 THEN now() END, CASE WHEN $6 THEN 1 ELSE 0 END,
+                         CASE WHEN $6 THEN now() + interval '10 minutes' END)",
+                &[&id, &&name[..1], day, &(n as i32), published, in_flight],
+            )
+            .await
+            .expect("insert a row");
+        ids.insert(*name, id);
+    }
+    let partitions_holding: Vec<i64> = db
+        .column(
+            "SELECT count(DISTINCT tableoid) FROM outbox_event WHERE published_at IS NULL",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        partitions_holding,
+        [4],
+        "the unpublished rows lie in four partitions, DEFAULT included"
+    );
+    let store = store(&db);
+    let d1_created_at: chrono::DateTime<Utc> = db
+        .client
+        .query_one("SELECT created_at FROM outbox_event WHERE id = $1", &[&ids["d1"]])
+        .await
+        .unwrap()
+        .get(0);
+    let from_d1 = ClaimStart::Window {
+        from: Some((d1_created_at, ids["d1"])),
+        to: None,
+    };
+    let budget = ClaimBudget {
+        rows: 100,
+        bytes: 1 << 20,
+        max_payload: 1 << 20,
+    };
+    let claim = |published: &[&str], start: ClaimStart| {
+        let published: Vec<String> = published.iter().map(|name| (*name).to_owned()).collect();
+        let store = &store;
+        async move {
+            store
+                .claim_following(
+                    budget,
+                    Duration::from_secs(600),
+                    Ordering::Aggregate,
+                    None,
+                    start,
+                    &published,
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let names_of = |claimed: &outbox_relay::store::Claimed| -> Vec<&str> {
+        claimed
+            .events
+            .iter()
+            .map(|event| *ids.iter().find(|(_, id)| **id == event.id).unwrap().0)
+            .collect()
+    };
+    assert_eq!(
+        names_of(&claim(&["a", "b", "e"], from_d1).await),
+        ["a2", "b2", "d1"],
+        "behind the start, the heads of the aggregates just published, from DEFAULT and a day's \
+         partition; not e2, whose predecessor is in flight; and the window's own head"
+    );
+    assert_eq!(
+        names_of(&claim(&["a", "b", "c", "e"], ClaimStart::Oldest).await),
+        ["c2"],
+        "a claim from the oldest row finds the rest itself"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -139,8 +139,8 @@ pub struct Relay {
     probe_cursors: ProbeCursors,
     /// The windows measured lately.
     measures: WindowMeasures,
-    /// Held by a worker from where its claim starts until it has moved
-    /// the frontier or window on (see [`CLAIM_TURN_WAIT`]).
+    /// Held by an ordered relay's worker from where its claim starts until
+    /// it has moved the window on (see [`CLAIM_TURN_WAIT`]).
     claim_turn: tokio::sync::Mutex<()>,
     database_outage: Mutex<Outage>,
     health: Arc<RelayHealth>,
@@ -285,9 +285,6 @@ impl Relay {
             let checked = self.destinations.checked().notified();
             tokio::pin!(checked);
             checked.as_mut().enable();
-            // Taken before the claim: the batch's outcome can end a broker
-            // outage only if the batch was claimed after the outage began.
-            let claimed_at = Instant::now();
             let plan = match self.plan() {
                 Ok(plan) => plan,
                 Err(delay) => {
@@ -325,17 +322,24 @@ impl Relay {
                 scope.push(plan.unrouted);
                 scope
             });
-            // Claims start where the workers' last ones got to (the
-            // frontier or a window's tail): one started while another is
+            // An ordered claim starts at the window's tail, where the
+            // workers' last claims got to: one started while another is
             // running starts where that one did, and steps over its
             // locked rows. So a worker waits for the claim before it, a
             // little (see CLAIM_TURN_WAIT). A probe has a start of its own.
             let mut turn = match &scope {
-                Some(_) => tokio::time::timeout(CLAIM_TURN_WAIT, self.claim_turn.lock())
-                    .await
-                    .ok(),
-                None => None,
+                Some(_) if self.config.ordering == Ordering::Aggregate => {
+                    tokio::time::timeout(CLAIM_TURN_WAIT, self.claim_turn.lock())
+                        .await
+                        .ok()
+                }
+                _ => None,
             };
+            // Taken before the claim, after any wait for the turn: the
+            // batch's outcome can end a broker outage only if the batch
+            // was claimed after the outage began, and a sweep's cost is
+            // its claims' own time.
+            let claimed_at = Instant::now();
             // A claim that leaves some destination's rows out reads one
             // window of the fresh index (see windows.rs), and so does every
             // ordered claim: behind an aggregate whose head is in flight,
@@ -988,19 +992,22 @@ impl Relay {
     }
 }
 
+/// How long an ordered relay's worker waits for another worker's claim to
+/// come back before it claims anyway. A claim of a batch takes one to
+/// three milliseconds on a nearby database (about 4 ms more when it first
+/// measures its window, which it does about once a second); a second
+/// claim from the same window meanwhile reads past every row the first
+/// has locked, with a heap fetch and a predecessor probe each: 83 of the
+/// 180 rows an ordered claim read (docs/performance.md, "Ordered claims").
+/// Bounded, so that a slow claim (a lock wait, a far database) costs the
+/// others at most this much each, never a stall. Unordered claims read 41
+/// locked rows of 193 without a probe each, and taking turns measured no
+/// difference for them ("Claims that take turns"): they do not wait.
+const CLAIM_TURN_WAIT: Duration = Duration::from_millis(5);
+
 /// How long a worker waits after its statement gave way to another
 /// worker's (see [`StoreError::is_contention`]): a few milliseconds,
 /// jittered, so that the two do not meet again in step.
-/// How long a worker waits for another worker's claim to come back before
-/// it claims anyway. A claim of a batch takes one to three milliseconds
-/// on a nearby database; a second claim from the same place meanwhile
-/// reads past every row the first has locked, a heap fetch each and, in
-/// an ordered claim, a predecessor probe: 83 of the 180 rows an ordered
-/// claim read, 41 of an unordered one's 193 (docs/performance.md,
-/// "Ordered claims"). Bounded, so that a slow claim (a lock wait, a far
-/// database) costs the others at most this much each, never a stall.
-const CLAIM_TURN_WAIT: Duration = Duration::from_millis(5);
-
 fn contention_pause() -> Duration {
     Duration::from_millis(5 + rand::random::<u64>() % 20)
 }

@@ -385,8 +385,9 @@ const LOCK_WAIT_TIMEOUT: &str = "200ms";
 
 const RELAY_SETTINGS: &str = include_str!("sql/relay_settings.sql");
 
-/// Opens the transaction that an unordered claim, or a recording of a
-/// batch's confirmed rows on its own, runs in on a direct connection,
+/// Opens the transaction that a claim (an ordered one only on a plain
+/// table), or a recording of a batch's confirmed rows on its own, runs in
+/// on a direct connection,
 /// with the settings that give it a generic plan (see the file).
 const GENERIC_PLAN_BEGIN: &str = include_str!("sql/claim_generic_begin.sql");
 
@@ -986,7 +987,8 @@ impl Store {
                     Ok(left_out) => left_out.unwrap_or(0) > 0,
                     Err(_) => true,
                 });
-            // UPDATE … RETURNING gives no order guarantee.
+            // Neither UPDATE … RETURNING nor the join of its rows to the
+            // candidates gives an order.
             claimed.events.sort_by_key(|e| (e.created_at, e.id));
             Ok(claimed)
         })
