@@ -302,6 +302,7 @@ fn render(candidates: &str) -> String {
             include_str!("../src/store/sql/claim_lease.sql")
         )
         .replace("{heads_read}", HEADS_BY_KEY)
+        .replace("{leased_rows}", LEASED_BY_ROW_VERSION)
         .replace("{table}", "\"outbox_event\"")
         .replace("{predecessor_key}", "(p.created_at, p.id)")
         .replace("{row_key}", "(t.created_at, t.id)")
@@ -335,6 +336,10 @@ fn render_by_sequence(candidates: &str) -> String {
 /// Store renders it.
 const HEADS_BY_KEY: &str =
     "FROM {table} AS t\n    WHERE t.id = ANY (ARRAY(SELECT head.id FROM heads AS head))\n      AND";
+
+/// How a claim leases its rows on a plain table, as Store renders it.
+const LEASED_BY_ROW_VERSION: &str =
+    "t.ctid = ANY (ARRAY(SELECT ctid FROM budgeted))\n      AND t.tableoid = '{table}'::regclass";
 
 /// Where a routed claim's window ends, as Store renders it for a claim
 /// that records nothing.
@@ -515,6 +520,10 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
                  start:\n{plan}"
             );
         }
+        assert!(
+            leases_where_it_locked(&plan),
+            "{what} does not lease its rows by their addresses:\n{plan}"
+        );
         if filtered || ordered {
             assert!(
                 stops_at_window_end(&plan),
@@ -542,6 +551,17 @@ async fn claims_read_the_claim_path_indexes_and_never_the_table() {
         plan.contains("outbox_event_fresh_idx") && descends_to_start(&plan) && !plan.contains("Seq Scan"),
         "the fresh window does not descend the fresh index to where it starts:\n{plan}"
     );
+}
+
+/// Whether a claim's plan leases the rows its candidates locked by the
+/// addresses of the locked versions, reading no index (on a plain table;
+/// see LEASED_BY_ROW_VERSION in store/mod.rs).
+fn leases_where_it_locked(plan: &str) -> bool {
+    plan.split("CTE leased").nth(1).is_some_and(|lease| {
+        lease.contains("Tid Scan on outbox_event t")
+            && lease.contains("TID Cond: (ctid = ANY (")
+            && !lease.contains("outbox_event_pkey")
+    })
 }
 
 /// The part of an ordered claim's plan that finds the next rows of the
@@ -874,6 +894,10 @@ async fn generic_claims_planned_on_an_empty_table_descend_their_indexes_on_a_ful
                     "{what} joins more than a batch by hash ({input}):\n{text}"
                 );
             }
+            assert!(
+                leases_where_it_locked(&text),
+                "{what} does not lease its rows by their addresses:\n{text}"
+            );
             // The leased rows are joined to the candidates in one pass,
             // not compared pair by pair.
             assert!(

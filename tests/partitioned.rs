@@ -222,6 +222,83 @@ async fn claims_take_every_row_across_partitions_once_and_in_order() {
     }
 }
 
+/// A relay that runs while its table is converted to a partitioned one
+/// (docs/operations.md) claims with the statements written for a plain
+/// table until it looks at the table again. Those lease the rows they
+/// locked by their addresses, which name a row only within a partition:
+/// they must lease nothing, never the rows of other partitions that have
+/// the same addresses. A relay that knows the table for what it is takes
+/// every row.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned() {
+    let db = TestDb::migrated().await;
+    let budget = ClaimBudget {
+        rows: 100,
+        bytes: 1 << 20,
+        max_payload: 1 << 20,
+    };
+    let lease = Duration::from_secs(600);
+    let remembers_plain = store(&db);
+    for ordering in [Ordering::None, Ordering::Aggregate] {
+        let claimed = remembers_plain.claim(budget, lease, ordering).await.unwrap();
+        assert!(claimed.events.is_empty(), "nothing to claim yet");
+    }
+    // Converted as by hand, with rows at the same addresses in both
+    // partitions.
+    db.client
+        .batch_execute(
+            "ALTER TABLE outbox_event RENAME TO outbox_event_old;
+             CREATE TABLE outbox_event (LIKE outbox_event_old INCLUDING DEFAULTS)
+                 PARTITION BY RANGE (created_at);
+             CREATE TABLE outbox_event_older PARTITION OF outbox_event
+                 FOR VALUES FROM (MINVALUE) TO ('2000-01-01');
+             CREATE TABLE outbox_event_newer PARTITION OF outbox_event DEFAULT;
+             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    CASE WHEN n % 2 = 0 THEN timestamptz '1999-12-31' ELSE now() END
+                        + n * interval '1 millisecond'
+             FROM generate_series(1, 10) AS n;",
+        )
+        .await
+        .expect("convert the table");
+    let shared_addresses: Vec<i64> = db
+        .column(
+            "SELECT count(*) FROM (SELECT ctid FROM outbox_event GROUP BY ctid HAVING count(*) = 2) AS shared",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        shared_addresses,
+        [5],
+        "each address names a row in both partitions"
+    );
+    for ordering in [Ordering::None, Ordering::Aggregate] {
+        let claimed = remembers_plain.claim(budget, lease, ordering).await.unwrap();
+        assert!(
+            claimed.events.is_empty(),
+            "a claim written for a plain table returned {} rows",
+            claimed.events.len()
+        );
+    }
+    let claimed = remembers_plain
+        .record_and_claim(outbox_relay::store::OnPublish::Mark, &[], &[], budget, lease)
+        .await
+        .unwrap();
+    assert!(claimed.events.is_empty());
+    assert_eq!(
+        db.count("attempt_count <> 0 OR leased_until IS NOT NULL").await,
+        0,
+        "a claim written for a plain table leased rows of a partitioned one"
+    );
+    let claimed = store(&db).claim(budget, lease, Ordering::None).await.unwrap();
+    assert_eq!(
+        claimed.events.len(),
+        10,
+        "a claim for a partitioned table takes every row"
+    );
+    assert_eq!(db.count("attempt_count = 1 AND leased_until > now()").await, 10);
+}
+
 /// An ordered claim on a partitioned table reads the heads it finds
 /// behind its window's start in their own partitions (joined on id and
 /// created_at, see claim_ordered.sql), wherever they lie: here in a day

@@ -105,10 +105,12 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
 /// Rendered statements for one table.
 #[derive(Debug)]
 struct Statements {
-    claims: ClaimStatements,
+    /// The claims, indexed by the kind of table they are written for:
+    /// `[plain, partitioned]` (see [`LEASED_BY_ROW_VERSION`]).
+    claims: [ClaimStatements; 2],
     /// The claims with the route filter, for relays with several
-    /// destinations (see [`RouteFilter`]).
-    routed: Option<ClaimStatements>,
+    /// destinations (see [`RouteFilter`]), indexed as `claims`.
+    routed: Option<[ClaimStatements; 2]>,
     mark_published: String,
     delete_published: String,
     reschedule: String,
@@ -127,14 +129,11 @@ struct ClaimStatements {
     claim_after_mark: [String; 2],
     /// The claim that first deletes the previous batch's confirmed rows.
     claim_after_delete: [String; 2],
-    /// The ordered claims of a plain table.
+    /// The ordered claims.
     claim_ordered: OrderedClaims,
-    /// The ordered claims of a partitioned table.
-    claim_ordered_partitioned: OrderedClaims,
 }
 
-/// The ordered claims for one kind of table (see [`HEADS_BY_KEY`]), each
-/// indexed as [`ClaimStatements`]'.
+/// The ordered claims, each indexed as [`ClaimStatements`]'.
 #[derive(Debug)]
 struct OrderedClaims {
     /// In `(created_at, id)` order within an aggregate.
@@ -153,6 +152,34 @@ const HEADS_BY_KEY: &str =
 /// created_at, so that each head is read from its own partition alone.
 const HEADS_IN_THEIR_PARTITIONS: &str =
     "FROM heads AS head\n    JOIN {table} AS t ON t.id = head.id AND t.created_at = head.created_at\n    WHERE";
+
+/// How a claim's lease (claim_lease.sql) finds the rows its candidates
+/// locked, on a plain table: by the addresses of the locked row versions,
+/// a TID scan that reads no index (a primary-key probe a row cost about
+/// 1.6 µs of PostgreSQL time per event; docs/performance.md, "A lease by
+/// row address").
+///
+/// An address names exactly the row version that was locked: this
+/// statement holds the row lock until its transaction ends, so no other
+/// transaction can update or delete that version, and VACUUM cannot
+/// remove it, in between. A candidate that another transaction changed
+/// after this statement's snapshot was taken is locked in its newer
+/// version, which the lease, under that same snapshot, does not see at
+/// its address: the row is not leased, its lock ends with the claim, and
+/// the next claim takes it. (By key, the lease would have followed the
+/// row to its newer version.)
+///
+/// An address names a row only within one partition. The `tableoid`
+/// test makes a claim written for a plain table that runs on a table
+/// converted to a partitioned one since (the relay looks again every
+/// 30 s) lease nothing, never the rows of other partitions that happen
+/// to have the same addresses: the rows of a partitioned table are in
+/// its partitions, never in the parent that the name resolves to.
+const LEASED_BY_ROW_VERSION: &str =
+    "t.ctid = ANY (ARRAY(SELECT ctid FROM budgeted))\n      AND t.tableoid = '{table}'::regclass";
+
+/// As [`LEASED_BY_ROW_VERSION`], on a partitioned table: by primary key.
+const LEASED_BY_KEY: &str = "t.id = ANY (ARRAY(SELECT id FROM budgeted))";
 
 /// The condition that keeps the rows a claim records out of what it
 /// claims (see claim.sql). The ids come through a sub-select so that the
@@ -176,15 +203,21 @@ const NOT_FINISHED: &str =
     "\n      AND (leased_until IS NULL OR id <> ALL (ARRAY(SELECT unnest($7::uuid[]))))";
 
 impl ClaimStatements {
-    /// The claims, with the route filter of `routes` routes when there are
-    /// any.
-    fn for_table(table: &TableName, routes: usize) -> Self {
+    /// The claims for a plain or a `partitioned` table, with the route
+    /// filter of `routes` routes when there are any.
+    fn for_table(table: &TableName, routes: usize, partitioned: bool) -> Self {
         let quoted = table.quoted();
         let render = |sql: &str| casts::render(&sql.replace("{table}", &quoted));
+        let (leased_rows, heads_read) = if partitioned {
+            (LEASED_BY_KEY, HEADS_IN_THEIR_PARTITIONS)
+        } else {
+            (LEASED_BY_ROW_VERSION, HEADS_BY_KEY)
+        };
         // Both claims select their candidates their own way and budget and
         // lease them the same way.
         let claim = |candidates: &str| {
-            let sql = format!("{candidates},\n{}", include_str!("sql/claim_lease.sql"));
+            let sql = format!("{candidates},\n{}", include_str!("sql/claim_lease.sql"))
+                .replace("{leased_rows}", leased_rows);
             HEADERS_COLUMN.map(|headers| render(&sql.replace("{headers}", headers)))
         };
         // The filter's parameters follow all the others of its statement.
@@ -222,38 +255,35 @@ impl ClaimStatements {
             .replace(
                 "{window_end}",
                 &window_end_condition(if routes == 0 { 8 } else { 10 }),
-            );
-        let ordered_claims = |heads_read: &str| {
-            let ordered = ordered.replace("{heads_read}", heads_read);
-            OrderedClaims {
-                by_time: claim(&ordered).map(|sql| {
-                    sql.replace("{predecessor_key}", "(p.created_at, p.id)")
-                        .replace("{row_key}", "(t.created_at, t.id)")
-                        .replace("{head_order}", "first.created_at, first.id")
-                }),
-                // A row without a sequence number sorts first in its aggregate.
-                by_sequence: claim(&ordered).map(|sql| {
-                    sql.replace(
-                        "{predecessor_key}",
-                        "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
-                    )
-                    .replace(
-                        "{row_key}",
-                        "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
-                    )
-                    .replace(
-                        "{head_order}",
-                        "COALESCE(first.sequence_number, -9223372036854775808), first.created_at, first.id",
-                    )
-                }),
-            }
+            )
+            .replace("{heads_read}", heads_read);
+        let claim_ordered = OrderedClaims {
+            by_time: claim(&ordered).map(|sql| {
+                sql.replace("{predecessor_key}", "(p.created_at, p.id)")
+                    .replace("{row_key}", "(t.created_at, t.id)")
+                    .replace("{head_order}", "first.created_at, first.id")
+            }),
+            // A row without a sequence number sorts first in its aggregate.
+            by_sequence: claim(&ordered).map(|sql| {
+                sql.replace(
+                    "{predecessor_key}",
+                    "(COALESCE(p.sequence_number, -9223372036854775808), p.created_at, p.id)",
+                )
+                .replace(
+                    "{row_key}",
+                    "(COALESCE(t.sequence_number, -9223372036854775808), t.created_at, t.id)",
+                )
+                .replace(
+                    "{head_order}",
+                    "COALESCE(first.sequence_number, -9223372036854775808), first.created_at, first.id",
+                )
+            }),
         };
         Self {
             claim: claim(&plain_claim),
             claim_after_mark: claim_after(include_str!("sql/mark_published.sql")),
             claim_after_delete: claim_after(include_str!("sql/delete_published.sql")),
-            claim_ordered: ordered_claims(HEADS_BY_KEY),
-            claim_ordered_partitioned: ordered_claims(HEADS_IN_THEIR_PARTITIONS),
+            claim_ordered,
         }
     }
 }
@@ -331,8 +361,10 @@ impl Statements {
         let quoted = table.quoted();
         let render = |sql: &str| casts::render(&sql.replace("{table}", &quoted));
         Self {
-            claims: ClaimStatements::for_table(table, 0),
-            routed: (routes > 0).then(|| ClaimStatements::for_table(table, routes)),
+            claims: [false, true].map(|partitioned| ClaimStatements::for_table(table, 0, partitioned)),
+            routed: (routes > 0).then(|| {
+                [false, true].map(|partitioned| ClaimStatements::for_table(table, routes, partitioned))
+            }),
             mark_published: render(include_str!("sql/mark_published.sql")),
             delete_published: render(include_str!("sql/delete_published.sql")),
             reschedule: render(&with_last_error_room(include_str!("sql/reschedule.sql"))),
@@ -478,11 +510,14 @@ pub struct Store {
     has_sequence_column: ColumnPresence,
     /// Whether the table has the producer's `headers` column.
     has_headers_column: ColumnPresence,
-    /// Whether the table is partitioned, which decides how ordered claims
-    /// read it and whether they run under a generic plan. A table is
-    /// converted while relays run (docs/operations.md), so a plain one is
-    /// looked up again as an absent column is; a claim written for the
-    /// other kind is right on either, only slower.
+    /// Whether the table is partitioned, which decides how claims lease
+    /// their rows, how ordered claims read it and whether they run under a
+    /// generic plan. A table is converted while relays run
+    /// (docs/operations.md), so a plain one is looked up again as an
+    /// absent column is. A claim written for a partitioned table is right
+    /// on a plain one, only slower; one written for a plain table leases
+    /// nothing on a partitioned one (see [`LEASED_BY_ROW_VERSION`]) until
+    /// the next look.
     table_partitioned: ColumnPresence,
     /// The `aggregate_id` column's type, looked up at the first ordered
     /// claim that is given aggregates, and again after any ordered claim
@@ -618,18 +653,20 @@ impl Store {
         self
     }
 
-    /// The claims to run: filtered when a filter is given and the store
-    /// was prepared for one (without, the relay leaves out the rows of a
-    /// destination that is down itself).
+    /// The claims to run on a plain or a `partitioned` table: filtered
+    /// when a filter is given and the store was prepared for one (without,
+    /// the relay leaves out the rows of a destination that is down itself).
     fn claims<'a>(
         &'a self,
         filter: Option<&'a RouteFilter>,
+        partitioned: bool,
     ) -> (&'a ClaimStatements, Option<&'a RouteFilter>) {
+        let kind = usize::from(partitioned);
         match (&self.sql.routed, filter) {
             (Some(routed), Some(filter)) if filter.take.len() == filter.patterns.len() + 1 => {
-                (routed, Some(filter))
+                (&routed[kind], Some(filter))
             }
-            _ => (&self.sql.claims, None),
+            _ => (&self.sql.claims[kind], None),
         }
     }
 
@@ -726,7 +763,6 @@ impl Store {
         start: ClaimStart,
         published: &[String],
     ) -> Result<Claimed, StoreError> {
-        let (claims, filter) = self.claims(filter);
         // Only a window bounds what an ordered claim passes over behind
         // its start: the following path finds the successors there, and
         // the sweeps the rest (see relay/windows.rs).
@@ -738,19 +774,14 @@ impl Store {
         let end = start.end();
         let claimed = self
             .with_current_columns(|| async {
-                let partitioned = match ordering {
-                    Ordering::None => false,
-                    Ordering::Aggregate => self.claims_a_partitioned_table().await?,
-                };
-                let ordered = if partitioned {
-                    &claims.claim_ordered_partitioned
-                } else {
-                    &claims.claim_ordered
-                };
+                let partitioned = self.claims_a_partitioned_table().await?;
+                let (claims, filter) = self.claims(filter, partitioned);
                 let sql = &match ordering {
                     Ordering::None => &claims.claim,
-                    Ordering::Aggregate if self.orders_by_sequence().await? => &ordered.by_sequence,
-                    Ordering::Aggregate => &ordered.by_time,
+                    Ordering::Aggregate if self.orders_by_sequence().await? => {
+                        &claims.claim_ordered.by_sequence
+                    }
+                    Ordering::Aggregate => &claims.claim_ordered.by_time,
                 }[usize::from(self.has_headers().await?)];
                 let mut params: Vec<Param<'_>> = vec![(&from, Type::TIMESTAMPTZ), (&from_id, Type::UUID)];
                 let ordered_sql;
@@ -772,7 +803,11 @@ impl Store {
                 };
                 // A partitioned table's ordered claim joins the table, which
                 // a generic plan could do any way (see claim_ordered.sql).
-                let plan = if partitioned { Plan::Custom } else { Plan::Generic };
+                let plan = if partitioned && ordering == Ordering::Aggregate {
+                    Plan::Custom
+                } else {
+                    Plan::Generic
+                };
                 self.run_claim(sql, plan, budget, lease, &params).await
             })
             .await;
@@ -887,10 +922,10 @@ impl Store {
         filter: Option<&RouteFilter>,
         start: ClaimStart,
     ) -> Result<Claimed, StoreError> {
-        let (claims, filter) = self.claims(filter);
         let (from, from_id) = start.position();
         let end = start.end();
         self.with_current_columns(|| async {
+            let (claims, filter) = self.claims(filter, self.claims_a_partitioned_table().await?);
             let sql = &match on_publish {
                 OnPublish::Mark => &claims.claim_after_mark,
                 OnPublish::Delete => &claims.claim_after_delete,
@@ -1010,8 +1045,8 @@ impl Store {
             .await
     }
 
-    /// Whether the table is partitioned, as ordered claims remember it
-    /// (see its field, `table_partitioned`).
+    /// Whether the table is partitioned, as claims remember it (see its
+    /// field, `table_partitioned`).
     async fn claims_a_partitioned_table(&self) -> Result<bool, StoreError> {
         self.table_partitioned
             .get_or_look_up(|| self.is_partitioned())
@@ -1266,23 +1301,35 @@ mod tests {
     fn every_claim_statement_is_fully_rendered() {
         let table = TableName::parse("outbox_event").expect("valid name");
         let statements = Statements::for_table(&table, 2);
-        for sql in [
-            &statements.claims,
-            statements.routed.as_ref().expect("routed claims"),
-        ] {
+        let kinds = statements
+            .claims
+            .iter()
+            .chain(statements.routed.as_ref().expect("routed claims"))
+            .zip([false, true, false, true]);
+        for (sql, partitioned) in kinds {
             let all = [
                 &sql.claim,
                 &sql.claim_after_mark,
                 &sql.claim_after_delete,
                 &sql.claim_ordered.by_time,
                 &sql.claim_ordered.by_sequence,
-                &sql.claim_ordered_partitioned.by_time,
-                &sql.claim_ordered_partitioned.by_sequence,
             ];
             for statement in all.iter().flat_map(|variants| variants.iter()) {
                 // The aggregate_id column's type is filled in at the claim.
                 let statement = statement.replace("{aggregate_type}", "text");
                 assert!(!statement.contains('{'), "a placeholder is left in:\n{statement}");
+                // A plain table's rows are leased where they were locked,
+                // a partitioned one's by key.
+                assert_eq!(
+                    statement.contains(
+                        "WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM budgeted))\n      AND t.tableoid = '\"outbox_event\"'::regclass"
+                    ),
+                    !partitioned
+                );
+                assert_eq!(
+                    statement.contains("WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))"),
+                    partitioned
+                );
             }
             for statement in sql.claim_after_mark.iter().chain(&sql.claim_after_delete) {
                 // The recorded pairs follow the claim's six parameters.
@@ -1301,30 +1348,29 @@ mod tests {
             // their index entries; then those aggregates. A plain table's
             // heads are read by key, a partitioned one's in their
             // partitions.
-            let ordered = [&sql.claim_ordered, &sql.claim_ordered_partitioned];
-            for (claims, partitioned) in ordered.into_iter().zip([false, true]) {
-                for statement in claims.by_time.iter().chain(&claims.by_sequence) {
-                    assert_eq!(
-                        statement
-                            .matches("COALESCE($5::timestamptz, '-infinity')")
-                            .count(),
-                        2
-                    );
-                    assert!(statement.contains("given::{aggregate_type} AS aggregate_id"));
-                    assert!(statement.contains("FROM unnest($7::text[]) AS given"));
-                    assert_eq!(
-                        statement.contains("WHERE t.id = ANY (ARRAY(SELECT head.id FROM heads AS head))"),
-                        !partitioned
-                    );
-                    assert_eq!(
-                        statement.contains("ON t.id = head.id AND t.created_at = head.created_at"),
-                        partitioned
-                    );
-                }
+            let ordered = &sql.claim_ordered;
+            for statement in ordered.by_time.iter().chain(&ordered.by_sequence) {
+                assert_eq!(
+                    statement
+                        .matches("COALESCE($5::timestamptz, '-infinity')")
+                        .count(),
+                    2
+                );
+                assert!(statement.contains("given::{aggregate_type} AS aggregate_id"));
+                assert!(statement.contains("FROM unnest($7::text[]) AS given"));
+                assert_eq!(
+                    statement.contains("WHERE t.id = ANY (ARRAY(SELECT head.id FROM heads AS head))"),
+                    !partitioned
+                );
+                assert_eq!(
+                    statement.contains("ON t.id = head.id AND t.created_at = head.created_at"),
+                    partitioned
+                );
             }
         }
-        assert!(!statements.claims.claim[0].contains("$7"));
-        let routed = statements.routed.as_ref().expect("routed claims");
+        let [claims, _] = &statements.claims;
+        assert!(!claims.claim[0].contains("$7"));
+        let [routed, _] = statements.routed.as_ref().expect("routed claims");
         // Both claim paths filter, with the filter's parameters after the others.
         assert_eq!(
             routed.claim[0]
@@ -1353,7 +1399,7 @@ mod tests {
         );
         // Every ordered claim reads in windows: the end follows the
         // aggregates just published, or the filter's parameters.
-        assert!(statements.claims.claim_ordered.by_time[0].contains("COALESCE($8::timestamptz, 'infinity')"));
-        assert!(!statements.claims.claim_ordered.by_time[0].contains("$10"));
+        assert!(claims.claim_ordered.by_time[0].contains("COALESCE($8::timestamptz, 'infinity')"));
+        assert!(!claims.claim_ordered.by_time[0].contains("$10"));
     }
 }

@@ -82,7 +82,7 @@
 -- one's lease to run out first, this statement would otherwise both
 -- record and claim it, in an order PostgreSQL does not define.
 WITH {finish}tried AS (
-    SELECT id, created_at, {read:payload} AS body,
+    SELECT id, ctid, created_at, {read:payload} AS body,
            (leased_until IS NOT NULL OR (last_error IS NULL AND attempt_count > 0)) AS interrupted
     FROM {table}
     WHERE published_at IS NULL
@@ -95,7 +95,7 @@ WITH {finish}tried AS (
     FOR UPDATE SKIP LOCKED
 ),
 untried AS (
-    SELECT id, created_at, {read:payload} AS body,
+    SELECT id, ctid, created_at, {read:payload} AS body,
            (leased_until IS NOT NULL OR (last_error IS NULL AND attempt_count > 0)) AS interrupted
     FROM {table}
     WHERE published_at IS NULL
@@ -110,7 +110,7 @@ untried AS (
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
-    SELECT id, created_at, body, interrupted FROM tried
+    SELECT id, ctid, created_at, body, interrupted FROM tried
     UNION ALL
-    SELECT id, created_at, body, interrupted FROM untried
+    SELECT id, ctid, created_at, body, interrupted FROM untried
 )

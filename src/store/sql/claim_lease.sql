@@ -7,17 +7,22 @@
 -- commits at once.
 --
 -- The rows are leased in a statement of their own, `leased`, which finds
--- them by primary key alone, `id = ANY(ARRAY(...))`: one index scan of
--- the batch's keys, whatever the planner estimates. Joined to the
+-- them where the candidates' scans locked them (see
+-- LEASED_BY_ROW_VERSION in store/mod.rs): on a plain table by their row
+-- versions' addresses (ctid), a TID scan that reads no index at all; on
+-- a partitioned one, where an address names a row only within its
+-- partition, by primary key, one index scan of the batch's keys. Either
+-- way there is one path, whatever the planner estimates. Joined to the
 -- candidates instead, the lease took a probe per row. Under a custom plan
 -- that join hashed the whole table (a sequential scan, 45 ms) whenever
 -- the table was small and the two claim paths' estimates added up to
 -- more than a batch; under a generic plan (claim_generic_begin.sql) each
 -- probe also searched the batch's keys again. What the lease returns is
 -- then joined to the candidates for their bodies: two sets of at most a
--- batch, hashed. Together 0.55 ms less of a 1.77 ms claim of 100 rows
--- (see docs/performance.md, "The lease on its own, and ordered claims on
--- a generic plan").
+-- batch, hashed. Together 0.55 ms less of a 1.77 ms claim of 100 rows,
+-- and the addresses about 0.16 ms less again (see docs/performance.md,
+-- "The lease on its own, and ordered claims on a generic plan", and
+-- "A lease by row address").
 --
 -- Each column is read through its shared cast (see casts.rs), as the
 -- admin commands read it. The last column, on every row, is how many
@@ -29,12 +34,12 @@
 -- table's fillfactor keeps. {headers} is the producer's optional headers
 -- column read the same way, or `NULL::text` on a table without it.
 budgeted AS (
-    SELECT id, body, payload_bytes, interrupted
+    SELECT id, ctid, body, payload_bytes, interrupted
     FROM (
-        SELECT id, body, payload_bytes, interrupted,
+        SELECT id, ctid, body, payload_bytes, interrupted,
                row_number() OVER w AS position,
                sum(payload_bytes) OVER w AS running_bytes
-        FROM (SELECT id, created_at, body, interrupted, octet_length(body)::bigint AS payload_bytes FROM due) AS measured
+        FROM (SELECT id, ctid, created_at, body, interrupted, octet_length(body)::bigint AS payload_bytes FROM due) AS measured
         WINDOW w AS (ORDER BY created_at, id)
     ) AS d
     WHERE position = 1 OR running_bytes <= $3::bigint
@@ -43,7 +48,7 @@ leased AS (
     UPDATE {table} AS t
     SET attempt_count = t.attempt_count + 1,
         leased_until = now() + $2::bigint * interval '1 millisecond'
-    WHERE t.id = ANY (ARRAY(SELECT id FROM budgeted))
+    WHERE {leased_rows}
     RETURNING t.id, {read:t.causation_id} AS causation_id, {read:t.event_type} AS event_type,
               {read:t.aggregate_id} AS aggregate_id, {read:t.created_at} AS created_at,
               {read:t.attempt_count} AS attempt_count, {headers} AS headers

@@ -83,7 +83,7 @@
 -- claim from the oldest row, so a very long stuck aggregate makes those
 -- claims slower; the stuck-aggregate gauge shows it.
 WITH tried AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body,
+    SELECT t.id, t.ctid, t.created_at, {read:t.payload} AS body,
            (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
     FROM {table} AS t
     WHERE t.published_at IS NULL
@@ -120,7 +120,7 @@ heads AS (
              COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
 ),
 following AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body,
+    SELECT t.id, t.ctid, t.created_at, {read:t.payload} AS body,
            (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
     {heads_read} num_nulls(t.published_at, t.quarantined_at, t.last_error) = 3
       AND t.next_attempt_at <= now()
@@ -130,7 +130,7 @@ following AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 untried AS (
-    SELECT t.id, t.created_at, {read:t.payload} AS body,
+    SELECT t.id, t.ctid, t.created_at, {read:t.payload} AS body,
            (t.leased_until IS NOT NULL OR (t.last_error IS NULL AND t.attempt_count > 0)) AS interrupted
     FROM {table} AS t
     WHERE t.published_at IS NULL
@@ -153,9 +153,9 @@ untried AS (
     FOR UPDATE OF t SKIP LOCKED
 ),
 due AS (
-    SELECT id, created_at, body, interrupted FROM tried
+    SELECT id, ctid, created_at, body, interrupted FROM tried
     UNION ALL
-    SELECT id, created_at, body, interrupted FROM following
+    SELECT id, ctid, created_at, body, interrupted FROM following
     UNION ALL
-    SELECT id, created_at, body, interrupted FROM untried
+    SELECT id, ctid, created_at, body, interrupted FROM untried
 )
