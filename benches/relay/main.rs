@@ -55,9 +55,12 @@ mod steady;
 mod tracing_cost;
 mod versus;
 
+use std::time::Duration;
+
 use clap::Parser;
 
 use fixture::OutboxRelay;
+use outbox_test_support::proxy::Proxy;
 use outbox_test_support::RelayBinary;
 
 #[derive(Debug, Parser)]
@@ -92,6 +95,13 @@ struct Options {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
     )]
     pg_url: String,
+    /// A round trip, in milliseconds, added between PostgreSQL and every
+    /// client of it in the runs (the relays, the row-lock loop, the
+    /// seeding and the measures): a proxy in this process holds what it
+    /// reads for half of it each way. For a database that is not beside
+    /// the relay; off by default.
+    #[arg(long, value_name = "MS")]
+    pg_round_trip_ms: Option<f64>,
     /// RabbitMQ.
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     amqp_url: String,
@@ -313,10 +323,23 @@ where
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let options = Options::parse();
+    let mut options = Options::parse();
     if let (Some(database), Some(exchange)) = (&options.row_lock_database, &options.row_lock_exchange) {
         return baselines::row_lock_loops(&options, database, exchange).await;
     }
+    // Every database a run makes is reached through this URL, so the
+    // proxy stands between PostgreSQL and all of its clients until the
+    // benchmark ends.
+    let _far_database = match options.pg_round_trip_ms {
+        Some(round_trip) if round_trip > 0.0 => {
+            let each_way = Duration::from_secs_f64(round_trip / 2000.0);
+            let (proxy, url) = Proxy::in_front_of_with_latency(&options.pg_url, each_way).await;
+            options.pg_url = url;
+            eprintln!("PostgreSQL behind a proxy adding {round_trip} ms a round trip");
+            Some(proxy)
+        }
+        _ => None,
+    };
     eprintln!(
         "outbox-relay benchmark: {} rows; relay {}",
         options.rows,

@@ -85,6 +85,12 @@ impl Proxy {
                             return;
                         };
                         let mut inbound = inbound;
+                        // As the clients and servers behind it do: with
+                        // Nagle's algorithm a small write waits for the
+                        // ACK of the one before, and the proxy would add
+                        // delays of its own to pipelined requests.
+                        let _ = inbound.set_nodelay(true);
+                        let _ = outbound.set_nodelay(true);
                         let (from_client, to_client) = inbound.split();
                         let (from_server, to_server) = outbound.split();
                         tokio::select! {
