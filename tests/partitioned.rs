@@ -272,8 +272,12 @@ async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned()
         [5],
         "each address names a row in both partitions"
     );
+    // A batch smaller than the rows: without the `tableoid` test, the
+    // three rows each claim locks would share their addresses with three
+    // rows of the other partition, which it would lease unseen.
+    let three = ClaimBudget { rows: 3, ..budget };
     for ordering in [Ordering::None, Ordering::Aggregate] {
-        let claimed = remembers_plain.claim(budget, lease, ordering).await.unwrap();
+        let claimed = remembers_plain.claim(three, lease, ordering).await.unwrap();
         assert!(
             claimed.events.is_empty(),
             "a claim written for a plain table returned {} rows",
@@ -281,7 +285,7 @@ async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned()
         );
     }
     let claimed = remembers_plain
-        .record_and_claim(outbox_relay::store::OnPublish::Mark, &[], &[], budget, lease)
+        .record_and_claim(outbox_relay::store::OnPublish::Mark, &[], &[], three, lease)
         .await
         .unwrap();
     assert!(claimed.events.is_empty());
@@ -297,6 +301,61 @@ async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned()
         "a claim for a partitioned table takes every row"
     );
     assert_eq!(db.count("attempt_count = 1 AND leased_until > now()").await, 10);
+}
+
+/// A plain table that other tables inherit from keeps rows in them too,
+/// at addresses its own rows share: its claims lease their rows by key,
+/// each claim exactly the rows it returns, and take the children's rows
+/// with the parent's.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_of_a_table_other_tables_inherit_from_take_the_rows_of_both() {
+    let db = TestDb::migrated().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE outbox_event_inheritor () INHERITS (outbox_event);
+             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(1, 10, 2) AS n;
+             INSERT INTO outbox_event_inheritor (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(2, 10, 2) AS n;",
+        )
+        .await
+        .expect("an inheriting table with rows");
+    let shared_addresses: Vec<i64> = db
+        .column(
+            "SELECT count(*) FROM (SELECT ctid FROM outbox_event GROUP BY ctid HAVING count(*) = 2) AS shared",
+            &[],
+        )
+        .await;
+    assert_eq!(shared_addresses, [5], "each address names a row in both tables");
+    let three = ClaimBudget {
+        rows: 3,
+        bytes: 1 << 20,
+        max_payload: 1 << 20,
+    };
+    let lease = Duration::from_secs(600);
+    let store = store(&db);
+    let mut taken: Vec<Uuid> = Vec::new();
+    for _ in 0..10 {
+        let claimed = store.claim(three, lease, Ordering::None).await.unwrap();
+        if claimed.events.is_empty() {
+            break;
+        }
+        taken.extend(claimed.events.iter().map(|event| event.id));
+        assert_eq!(
+            db.count("leased_until IS NOT NULL").await,
+            taken.len() as i64,
+            "every leased row was returned by a claim"
+        );
+    }
+    let mut distinct = taken.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), taken.len(), "no row taken twice");
+    assert_eq!(taken.len(), 10, "the rows of both tables taken");
 }
 
 /// An ordered claim on a partitioned table reads the heads it finds

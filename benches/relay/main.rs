@@ -321,6 +321,29 @@ where
     Ok(runs.swap_remove(middle))
 }
 
+/// `url` rewritten to reach its server through a proxy that holds what
+/// passes for at least `each_way` in either direction, for as long as the
+/// process lives. The proxy has a thread and runtime of its own: the
+/// benchmark blocks its own threads at times while a child process or a
+/// dropped database goes through the proxy, and the proxy's timing should
+/// not wait on the benchmark's consumers.
+fn far_database(url: &str, each_way: Duration) -> String {
+    let (started, via) = std::sync::mpsc::channel();
+    let url = url.to_owned();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the proxy");
+        runtime.block_on(async move {
+            let (_proxy, via) = Proxy::in_front_of_with_latency(&url, each_way).await;
+            started.send(via).expect("the benchmark waits for the proxy");
+            std::future::pending::<()>().await
+        })
+    });
+    via.recv().expect("the proxy started")
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let mut options = Options::parse();
@@ -330,16 +353,10 @@ async fn main() -> Result<(), Error> {
     // Every database a run makes is reached through this URL, so the
     // proxy stands between PostgreSQL and all of its clients until the
     // benchmark ends.
-    let _far_database = match options.pg_round_trip_ms {
-        Some(round_trip) if round_trip > 0.0 => {
-            let each_way = Duration::from_secs_f64(round_trip / 2000.0);
-            let (proxy, url) = Proxy::in_front_of_with_latency(&options.pg_url, each_way).await;
-            options.pg_url = url;
-            eprintln!("PostgreSQL behind a proxy adding {round_trip} ms a round trip");
-            Some(proxy)
-        }
-        _ => None,
-    };
+    if let Some(round_trip) = options.pg_round_trip_ms.filter(|ms| *ms > 0.0) {
+        options.pg_url = far_database(&options.pg_url, Duration::from_secs_f64(round_trip / 2000.0));
+        eprintln!("PostgreSQL behind a proxy adding at least {round_trip} ms a round trip");
+    }
     eprintln!(
         "outbox-relay benchmark: {} rows; relay {}",
         options.rows,

@@ -166,19 +166,23 @@ const HEADS_IN_THEIR_PARTITIONS: &str =
 /// after this statement's snapshot was taken is locked in its newer
 /// version, which the lease, under that same snapshot, does not see at
 /// its address: the row is not leased, its lock ends with the claim, and
-/// the next claim takes it. (By key, the lease would have followed the
-/// row to its newer version.)
+/// a later claim takes it (an ordered or windowed one possibly only at
+/// its next sweep). (By key, the lease would have followed the row to its
+/// newer version.)
 ///
-/// An address names a row only within one partition. The `tableoid`
-/// test makes a claim written for a plain table that runs on a table
-/// converted to a partitioned one since (the relay looks again every
-/// 30 s) lease nothing, never the rows of other partitions that happen
-/// to have the same addresses: the rows of a partitioned table are in
-/// its partitions, never in the parent that the name resolves to.
+/// An address names a row only within one relation, so a table whose
+/// rows are also in others (partitions, or tables that inherit from it)
+/// is claimed by key. The `tableoid` test makes a claim written for a
+/// plain table that runs on a table converted to a partitioned one since
+/// (the relay looks again every 30 s) lease nothing, never the rows of
+/// other partitions that happen to have the same addresses: the rows of a
+/// partitioned table are in its partitions, never in the parent that the
+/// name resolves to.
 const LEASED_BY_ROW_VERSION: &str =
     "t.ctid = ANY (ARRAY(SELECT ctid FROM budgeted))\n      AND t.tableoid = '{table}'::regclass";
 
-/// As [`LEASED_BY_ROW_VERSION`], on a partitioned table: by primary key.
+/// As [`LEASED_BY_ROW_VERSION`], on a partitioned or inherited-from
+/// table: by primary key.
 const LEASED_BY_KEY: &str = "t.id = ANY (ARRAY(SELECT id FROM budgeted))";
 
 /// The condition that keeps the rows a claim records out of what it
@@ -510,9 +514,9 @@ pub struct Store {
     has_sequence_column: ColumnPresence,
     /// Whether the table has the producer's `headers` column.
     has_headers_column: ColumnPresence,
-    /// Whether the table is partitioned, which decides how claims lease
-    /// their rows, how ordered claims read it and whether they run under a
-    /// generic plan. A table is converted while relays run
+    /// Whether the table is partitioned (or inherited from), which decides
+    /// how claims lease their rows, how ordered claims read it and whether
+    /// they run under a generic plan. A table is converted while relays run
     /// (docs/operations.md), so a plain one is looked up again as an
     /// absent column is. A claim written for a partitioned table is right
     /// on a plain one, only slower; one written for a plain table leases
@@ -1041,15 +1045,17 @@ impl Store {
     /// `sequence_number` column (present on the table) before `created_at`.
     pub async fn orders_by_sequence(&self) -> Result<bool, StoreError> {
         self.has_sequence_column
-            .get_or_look_up(|| self.has_column(include_str!("sql/has_sequence_column.sql")))
+            .get_or_look_up(|| self.table_has(include_str!("sql/has_sequence_column.sql")))
             .await
     }
 
     /// Whether the table is partitioned, as claims remember it (see its
-    /// field, `table_partitioned`).
+    /// field, `table_partitioned`). A plain table that other tables
+    /// inherit from counts as partitioned here: its rows are in several
+    /// relations too, and only the key names them across all of them.
     async fn claims_a_partitioned_table(&self) -> Result<bool, StoreError> {
         self.table_partitioned
-            .get_or_look_up(|| self.is_partitioned())
+            .get_or_look_up(|| self.table_has(include_str!("sql/rows_in_other_relations.sql")))
             .await
     }
 
@@ -1057,12 +1063,14 @@ impl Store {
     /// whose values the sinks carry as message headers.
     pub async fn has_headers(&self) -> Result<bool, StoreError> {
         self.has_headers_column
-            .get_or_look_up(|| self.has_column(include_str!("sql/has_headers_column.sql")))
+            .get_or_look_up(|| self.table_has(include_str!("sql/has_headers_column.sql")))
             .await
     }
 
-    /// Runs one of the `has_*_column.sql` lookups.
-    async fn has_column(&self, sql: &str) -> Result<bool, StoreError> {
+    /// Runs one of the lookups of what the table has: a column
+    /// (`has_*_column.sql`), or rows in other relations
+    /// (`rows_in_other_relations.sql`).
+    async fn table_has(&self, sql: &str) -> Result<bool, StoreError> {
         let client = self.connection().await?;
         bounded(async {
             let row = Session::client(self.pooler, &client)
