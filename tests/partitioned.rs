@@ -222,6 +222,16 @@ async fn claims_take_every_row_across_partitions_once_and_in_order() {
     }
 }
 
+/// How many row addresses (ctid) of the outbox table, across the
+/// relations that hold its rows, name two rows.
+async fn addresses_of_two_rows(db: &TestDb) -> i64 {
+    db.column::<i64>(
+        "SELECT count(*) FROM (SELECT ctid FROM outbox_event GROUP BY ctid HAVING count(*) = 2) AS shared",
+        &[],
+    )
+    .await[0]
+}
+
 /// A relay that runs while its table is converted to a partitioned one
 /// (docs/operations.md) claims with the statements written for a plain
 /// table until it looks at the table again. Those lease the rows they
@@ -261,15 +271,9 @@ async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned()
         )
         .await
         .expect("convert the table");
-    let shared_addresses: Vec<i64> = db
-        .column(
-            "SELECT count(*) FROM (SELECT ctid FROM outbox_event GROUP BY ctid HAVING count(*) = 2) AS shared",
-            &[],
-        )
-        .await;
     assert_eq!(
-        shared_addresses,
-        [5],
+        addresses_of_two_rows(&db).await,
+        5,
         "each address names a row in both partitions"
     );
     // A batch smaller than the rows: without the `tableoid` test, the
@@ -324,13 +328,11 @@ async fn claims_of_a_table_other_tables_inherit_from_take_the_rows_of_both() {
         )
         .await
         .expect("an inheriting table with rows");
-    let shared_addresses: Vec<i64> = db
-        .column(
-            "SELECT count(*) FROM (SELECT ctid FROM outbox_event GROUP BY ctid HAVING count(*) = 2) AS shared",
-            &[],
-        )
-        .await;
-    assert_eq!(shared_addresses, [5], "each address names a row in both tables");
+    assert_eq!(
+        addresses_of_two_rows(&db).await,
+        5,
+        "each address names a row in both tables"
+    );
     let three = ClaimBudget {
         rows: 3,
         bytes: 1 << 20,
