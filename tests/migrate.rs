@@ -95,13 +95,23 @@ async fn creates_the_spec_table_with_its_indexes_and_is_idempotent() {
         ]
     );
     assert_eq!(usable_indexes(&db, "outbox_event").await, SPEC_INDEXES);
+    let storage: Vec<String> = db
+        .client
+        .query_one(
+            "SELECT reloptions FROM pg_class WHERE oid = 'outbox_event'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(storage, ["fillfactor=50"], "room for every row's lease");
     let history: i64 = db
         .client
         .query_one("SELECT count(*) FROM outbox_relay_migrations", &[])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 8, "each migration recorded once");
+    assert_eq!(history, 9, "each migration recorded once");
 }
 
 /// Runs overlap: each waits for the one holding the lock (which builds
@@ -132,7 +142,7 @@ async fn concurrent_replicas_migrate_safely() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(history, 8, "each migration recorded once");
+    assert_eq!(history, 9, "each migration recorded once");
 }
 
 /// The seed design's columns of every row, as text.

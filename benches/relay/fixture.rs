@@ -72,9 +72,17 @@ pub fn payload_sql() -> &'static str {
         'price', 19.99)), 'note', repeat('x', 160))"
 }
 
-/// `rows` unpublished events in the table, vacuumed and analysed.
+/// `rows` unpublished events in the table, vacuumed and analysed, created
+/// one after another as producers' commits make them (10,000 a second up
+/// to now), so that the table's rows lie in the order claims take them.
 pub async fn prefill(db: &TestDb, rows: usize) -> Result<(), Error> {
-    insert_unpublished(db, rows, "now()").await
+    insert_unpublished(db, rows, &created_in_turn(rows)).await
+}
+
+/// A seeded row's created_at (SQL of `n`): 100 µs after the row before it,
+/// the last one now.
+fn created_in_turn(rows: usize) -> String {
+    format!("now() - ({rows} - n) * interval '100 microseconds'")
 }
 
 /// Midnight UTC `days` days from today (negative: the past), as SQL.
@@ -120,7 +128,8 @@ pub async fn checkpoint(db: &TestDb) -> Result<(), Error> {
     Ok(())
 }
 
-/// The drain runs' table: `rows` rows, at `--fillfactor` if given.
+/// The drain runs' table: `rows` rows, at `--fillfactor` if given, and all
+/// created at one instant with `--one-created-at`.
 pub async fn prefill_for_drain(db: &TestDb, options: &Options, rows: usize) -> Result<(), Error> {
     if let Some(fillfactor) = options.fillfactor {
         db.client
@@ -129,7 +138,11 @@ pub async fn prefill_for_drain(db: &TestDb, options: &Options, rows: usize) -> R
             ))
             .await?;
     }
-    prefill(db, rows).await
+    if options.one_created_at {
+        insert_unpublished(db, rows, "now()").await
+    } else {
+        prefill(db, rows).await
+    }
 }
 
 pub async fn unpublished(db: &TestDb) -> Result<i64, Error> {

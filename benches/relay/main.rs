@@ -3,7 +3,8 @@
 //! Runs against the local PostgreSQL and RabbitMQ, each scenario in a fresh
 //! database with its own exchange and queue, and prints one table:
 //!
-//! - drain: N prefilled rows (~300-byte payloads) published by 1, 2 and 4
+//! - drain: N prefilled rows (~300-byte payloads, created one after another,
+//!   or all at once with `--one-created-at`) published by 1, 2 and 4
 //!   relay processes (the release binary), events/s, peak RSS and CPU;
 //! - the broker's own limit: a bare lapin publisher, same messages, same
 //!   confirm window as the relay keeps in flight;
@@ -150,6 +151,12 @@ struct Options {
     /// sets (to try how much room the claim's HOT updates need).
     #[arg(long)]
     fillfactor: Option<u32>,
+    /// Seed the drain runs' rows (the row lock's and the relay's) all with
+    /// one created_at, as a single transaction writing them would, instead
+    /// of one after another. Claims then take the rows in id order, which
+    /// with random ids is a random walk over the table's pages.
+    #[arg(long)]
+    one_created_at: bool,
     /// Only the relay's drain runs (to compare settings quickly).
     #[arg(long)]
     only_drain: bool,

@@ -83,7 +83,7 @@ pub async fn database(options: &Options, past_days: RangeInclusive<i32>) -> Resu
         db.client
             .batch_execute(&format!(
                 "CREATE TABLE {name} PARTITION OF outbox_event
-                     FOR VALUES FROM ({}) TO ({}) WITH (fillfactor = 80)",
+                     FOR VALUES FROM ({}) TO ({}) WITH (fillfactor = 50)",
                 midnight_utc(days),
                 midnight_utc(days + 1)
             ))

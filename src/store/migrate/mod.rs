@@ -51,6 +51,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(6, "0006_gauges_state.sql"),
     migration!(7, "0007_claim_paths.sql"),
     migration!(8, "0008_hot_lease.sql"),
+    migration!(9, "0009_lease_room.sql"),
 ];
 
 /// The state table of the gauges (0006), beside the outbox table.

@@ -17,7 +17,7 @@
 -- the table is empty or holds only the moved rows).
 CREATE TABLE IF NOT EXISTS {partition}
     (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
-    WITH (fillfactor = 80);
+    WITH (fillfactor = 50);
 LOCK TABLE {table} IN SHARE UPDATE EXCLUSIVE MODE;
 LOCK TABLE {default_partition} IN ACCESS EXCLUSIVE MODE;
 WITH moved AS (

@@ -9,7 +9,7 @@
 -- far ahead, maintenance behind), so a producer's INSERT never fails for
 -- want of a partition; retention moves such rows into their partition
 -- when it creates it. Storage parameters belong on the partitions, which
--- get the fillfactor of 0003 when they are created.
+-- get the fillfactor of 0009 when they are created.
 CREATE TABLE IF NOT EXISTS {table} (
     id              UUID NOT NULL,
     causation_id    UUID,
@@ -26,4 +26,4 @@ CREATE TABLE IF NOT EXISTS {table} (
 ) PARTITION BY RANGE (created_at);
 
 CREATE TABLE IF NOT EXISTS {default_partition} PARTITION OF {table} DEFAULT
-    WITH (fillfactor = 80);
+    WITH (fillfactor = 50);

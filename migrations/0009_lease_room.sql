@@ -1,0 +1,17 @@
+-- Room on each page for every row's lease to be a HOT update (0008).
+--
+-- Producers write rows in the order claims take them, so the rows a
+-- claim leases sit side by side, a page of them at a time, and each lease
+-- puts a new version of its row on that page. At 0003's fillfactor of 80
+-- a page kept room for the lease's copy of only a few of its rows: the
+-- rest went to other pages as non-HOT updates, with entries in four
+-- indexes each (a drain of rows in creation order: 16% of updates HOT,
+-- against 50% here, every lease). Half a page of room takes the copy of
+-- every row a page holds, whatever the row's size; once a claim commits,
+-- the next read of the page prunes the old versions, and the mark's new
+-- version finds room there in turn. The price is disk: rows written from
+-- now on take up to 1.6 times the pages (docs/performance.md, "Rows in
+-- the order producers wrote them"). A catalog change: pages already
+-- written keep what they have. On a partitioned table the parent takes
+-- no storage parameters; partitions created from now on get this one.
+ALTER TABLE {table} SET (fillfactor = 50);
