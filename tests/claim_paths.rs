@@ -1222,10 +1222,7 @@ async fn leases_of_rows_written_side_by_side_are_hot_updates() {
     let store = store(&db);
     let mut claimed = 0;
     loop {
-        let batch = store
-            .claim(budget(100), LEASE, Ordering::None)
-            .await
-            .unwrap();
+        let batch = store.claim(budget(100), LEASE, Ordering::None).await.unwrap();
         if batch.events.is_empty() {
             break;
         }

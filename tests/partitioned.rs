@@ -131,6 +131,16 @@ async fn migrate_partitioned_creates_the_table_daily_and_hourly() {
             )
             .await;
         assert_eq!(valid.len(), 7, "every index on the parent, valid: {valid:?}");
+        // Room on each page for every row's lease (migrations/0009), on
+        // each partition, DEFAULT included: the parent holds no rows.
+        let storage: Vec<String> = db
+            .column(
+                "SELECT DISTINCT array_to_string(c.reloptions, ',') FROM pg_inherits i
+                 JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox_event'::regclass",
+                &[],
+            )
+            .await;
+        assert_eq!(storage, ["fillfactor=50"], "{granularity}");
         // Idempotent, flag or not; the relay sees the table as partitioned.
         for args in [&["migrate"][..], &["migrate", "--partitioned", granularity][..]] {
             let out = db.relay_command(args, &[]).output().unwrap();

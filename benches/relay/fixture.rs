@@ -131,6 +131,16 @@ pub async fn checkpoint(db: &TestDb) -> Result<(), Error> {
 /// The drain runs' table: `rows` rows, at `--fillfactor` if given, and all
 /// created at one instant with `--one-created-at`.
 pub async fn prefill_for_drain(db: &TestDb, options: &Options, rows: usize) -> Result<(), Error> {
+    set_fillfactor(db, options).await?;
+    if options.one_created_at {
+        insert_unpublished(db, rows, "now()").await
+    } else {
+        prefill(db, rows).await
+    }
+}
+
+/// `--fillfactor`, if given, for the pages written from now on.
+pub async fn set_fillfactor(db: &TestDb, options: &Options) -> Result<(), Error> {
     if let Some(fillfactor) = options.fillfactor {
         db.client
             .batch_execute(&format!(
@@ -138,11 +148,7 @@ pub async fn prefill_for_drain(db: &TestDb, options: &Options, rows: usize) -> R
             ))
             .await?;
     }
-    if options.one_created_at {
-        insert_unpublished(db, rows, "now()").await
-    } else {
-        prefill(db, rows).await
-    }
+    Ok(())
 }
 
 pub async fn unpublished(db: &TestDb) -> Result<i64, Error> {

@@ -147,8 +147,8 @@ struct Options {
     /// Only the Kafka runs.
     #[arg(long)]
     only_kafka: bool,
-    /// Table fillfactor for the drain runs, instead of the one `migrate`
-    /// sets (to try how much room the claim's HOT updates need).
+    /// Table fillfactor for the drain and steady-state runs, instead of
+    /// the one `migrate` sets (to try how much room the leases need).
     #[arg(long)]
     fillfactor: Option<u32>,
     /// Seed the drain runs' rows (the row lock's and the relay's) all with

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use outbox_test_support::RelayProcess;
 use uuid::Uuid;
 
-use crate::fixture::{arrivals, broker, database, payload_sql, relay_settings};
+use crate::fixture::{arrivals, broker, database, payload_sql, relay_settings, set_fillfactor};
 use crate::meter::{proc_usage, Meter, Run};
 use crate::{Error, Options};
 
@@ -31,6 +31,7 @@ pub struct Steady {
 /// producer's commit returning to the consumer receiving the message.
 pub async fn steady(options: &Options, rate: usize) -> Result<Steady, Error> {
     let db = database(options).await;
+    set_fillfactor(&db, options).await?;
     let broker = broker(options).await;
     let arrivals = arrivals(&broker).await?;
     let relay = RelayProcess::start(&db, &relay_settings(options, &broker.exchange));
