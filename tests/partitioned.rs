@@ -28,6 +28,15 @@ fn store(db: &TestDb) -> Store {
     Store::new(&database, 4)
 }
 
+/// Claims of at most `rows` rows, with room for any payload the tests write.
+fn budget(rows: u32) -> ClaimBudget {
+    ClaimBudget {
+        rows,
+        bytes: 1 << 20,
+        max_payload: 1 << 20,
+    }
+}
+
 fn migrate(db: &TestDb, granularity: &str) -> std::process::Output {
     db.relay_command(&["migrate", "--partitioned", granularity], &[])
         .output()
@@ -182,15 +191,11 @@ async fn claims_take_every_row_across_partitions_once_and_in_order() {
         let in_default: Vec<i64> = db.column("SELECT count(*) FROM outbox_event_default", &[]).await;
         assert_eq!(in_default, [7]);
         let store = store(&db);
-        let budget = ClaimBudget {
-            rows: 4,
-            bytes: 1 << 20,
-            max_payload: 1 << 20,
-        };
+        let batch = budget(4);
         let mut taken = Vec::new();
         loop {
             let claimed = store
-                .claim(budget, Duration::from_secs(600), ordering)
+                .claim(batch, Duration::from_secs(600), ordering)
                 .await
                 .unwrap();
             if claimed.events.is_empty() {
@@ -252,15 +257,11 @@ async fn addresses_of_two_rows(db: &TestDb) -> i64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned() {
     let db = TestDb::migrated().await;
-    let budget = ClaimBudget {
-        rows: 100,
-        bytes: 1 << 20,
-        max_payload: 1 << 20,
-    };
+    let batch = budget(100);
     let lease = Duration::from_secs(600);
     let remembers_plain = store(&db);
     for ordering in [Ordering::None, Ordering::Aggregate] {
-        let claimed = remembers_plain.claim(budget, lease, ordering).await.unwrap();
+        let claimed = remembers_plain.claim(batch, lease, ordering).await.unwrap();
         assert!(claimed.events.is_empty(), "nothing to claim yet");
     }
     // Converted as by hand, with rows at the same addresses in both
@@ -289,7 +290,7 @@ async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned()
     // A batch smaller than the rows: without the `tableoid` test, the
     // three rows each claim locks would share their addresses with three
     // rows of the other partition, which it would lease unseen.
-    let three = ClaimBudget { rows: 3, ..budget };
+    let three = budget(3);
     for ordering in [Ordering::None, Ordering::Aggregate] {
         let claimed = remembers_plain.claim(three, lease, ordering).await.unwrap();
         assert!(
@@ -308,7 +309,7 @@ async fn claims_written_for_a_plain_table_lease_nothing_once_it_is_partitioned()
         0,
         "a claim written for a plain table leased rows of a partitioned one"
     );
-    let claimed = store(&db).claim(budget, lease, Ordering::None).await.unwrap();
+    let claimed = store(&db).claim(batch, lease, Ordering::None).await.unwrap();
     assert_eq!(
         claimed.events.len(),
         10,
@@ -343,11 +344,7 @@ async fn claims_of_a_table_other_tables_inherit_from_take_the_rows_of_both() {
         5,
         "each address names a row in both tables"
     );
-    let three = ClaimBudget {
-        rows: 3,
-        bytes: 1 << 20,
-        max_payload: 1 << 20,
-    };
+    let three = budget(3);
     let lease = Duration::from_secs(600);
     let store = store(&db);
     let mut taken: Vec<Uuid> = Vec::new();
@@ -433,18 +430,14 @@ async fn an_ordered_window_takes_the_heads_behind_it_from_their_own_partitions()
         from: Some((d1_created_at, ids["d1"])),
         to: None,
     };
-    let budget = ClaimBudget {
-        rows: 100,
-        bytes: 1 << 20,
-        max_payload: 1 << 20,
-    };
+    let batch = budget(100);
     let claim = |published: &[&str], start: ClaimStart| {
         let published: Vec<String> = published.iter().map(|name| (*name).to_owned()).collect();
         let store = &store;
         async move {
             store
                 .claim_following(
-                    budget,
+                    batch,
                     Duration::from_secs(600),
                     Ordering::Aggregate,
                     None,
