@@ -573,8 +573,9 @@ fn following_path<'a>(plan: &'a str, what: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{what} has no following path:\n{plan}"))
 }
 
-/// The inputs of every hash join in a plan in EXPLAIN's text format: the
-/// nodes directly under the join, and under its Hash node. A node's
+/// The inputs of every hash join in a plan in EXPLAIN's text format,
+/// inner, outer, semi or anti: the nodes directly under the join, and
+/// under its Hash node. A node's
 /// children are the lines of its subtree whose arrow is indented two
 /// past where the node's own text starts; the plans of CTEs and subplans
 /// under it are indented two more, under their headings.
@@ -592,8 +593,16 @@ fn hash_join_inputs(plan: &[String]) -> Vec<String> {
             .collect()
     };
     let mut inputs = Vec::new();
+    let is_hash_join = |line: &str| {
+        let node = &line[text_start(line)..];
+        node.starts_with("Hash ")
+            && node
+                .split("  (")
+                .next()
+                .is_some_and(|name| name.ends_with(" Join"))
+    };
     for (node, line) in plan.iter().enumerate() {
-        if line.contains("Hash Join") {
+        if is_hash_join(line) {
             for child in children(node) {
                 if plan[child].contains("->  Hash  (") {
                     inputs.extend(children(child).into_iter().map(|index| plan[index].clone()));
@@ -625,6 +634,25 @@ fn a_hash_join_has_its_two_inputs_whatever_lies_between_them() {
     assert_eq!(inputs.len(), 2, "{inputs:?}");
     assert!(inputs[0].contains("CTE Scan on leased"));
     assert!(inputs[1].contains("Seq Scan on outbox_event b"));
+    // An outer join by hash, under another node.
+    let outer: Vec<String> = [
+        "Sort  (cost=2.00..2.01 rows=1 width=8)",
+        "  ->  Hash Right Join  (cost=1.00..2.00 rows=1 width=8)",
+        "        Hash Cond: (l.id = b.id)",
+        "        ->  CTE Scan on leased l  (cost=0.00..0.02 rows=1 width=8)",
+        "        ->  Hash  (cost=0.02..0.02 rows=1 width=8)",
+        "              ->  CTE Scan on budgeted b  (cost=0.00..0.02 rows=1 width=8)",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let inputs = hash_join_inputs(&outer);
+    assert_eq!(inputs.len(), 2, "{inputs:?}");
+    assert!(inputs[0].contains("CTE Scan on leased"));
+    assert!(inputs[1].contains("CTE Scan on budgeted b"));
+    assert!(
+        hash_join_inputs(&outer[4..]).is_empty(),
+        "a Hash node alone is no join"
+    );
 }
 
 /// The plan descends the fresh index to where its claim starts.

@@ -442,7 +442,9 @@ impl Relay {
                             Taken::of(
                                 claimed_rows,
                                 last_in_window,
-                                claimed_rows < plan.rows as usize && !batch.cut_by_bytes,
+                                claimed_rows < plan.rows as usize
+                                    && !batch.cut_by_bytes
+                                    && batch.unleased == 0,
                             ),
                             claimed_at.elapsed(),
                         );

@@ -31,6 +31,10 @@ pub struct Claimed {
     pub interrupted: Vec<Uuid>,
     /// Whether the byte budget left out rows the claim could have taken.
     pub cut_by_bytes: bool,
+    /// Candidates the claim locked but did not lease, so did not take: rows
+    /// changed after its snapshot was taken (see claim_lease.sql). They
+    /// are still due, for a later claim.
+    pub unleased: usize,
 }
 
 /// A claimed row the relay cannot publish as it is.

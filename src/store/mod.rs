@@ -174,10 +174,11 @@ const HEADS_IN_THEIR_PARTITIONS: &str =
 /// rows are also in others (partitions, or tables that inherit from it)
 /// is claimed by key. The `tableoid` test makes a claim written for a
 /// plain table that runs on a table converted to a partitioned one since
-/// (the relay looks again every 30 s) lease nothing, never the rows of
-/// other partitions that happen to have the same addresses: the rows of a
-/// partitioned table are in its partitions, never in the parent that the
-/// name resolves to.
+/// lease nothing, never the rows of other partitions that happen to have
+/// the same addresses: the rows of a partitioned table are in its
+/// partitions, never in the parent that the name resolves to. Such a
+/// claim returns its candidates as not leased, and the relay looks at the
+/// table's kind at once (see [`Store::converted_under`]).
 const LEASED_BY_ROW_VERSION: &str =
     "t.ctid = ANY (ARRAY(SELECT ctid FROM budgeted))\n      AND t.tableoid = '{table}'::regclass";
 
@@ -518,10 +519,10 @@ pub struct Store {
     /// how claims lease their rows, how ordered claims read it and whether
     /// they run under a generic plan. A table is converted while relays run
     /// (docs/operations.md), so a plain one is looked up again as an
-    /// absent column is. A claim written for a partitioned table is right
-    /// on a plain one, only slower; one written for a plain table leases
-    /// nothing on a partitioned one (see [`LEASED_BY_ROW_VERSION`]) until
-    /// the next look.
+    /// absent column is, and at once when a claim for a plain table leased
+    /// none of the rows it locked. A claim written for a partitioned table
+    /// is right on a plain one, only slower; one written for a plain table
+    /// leases nothing on a partitioned one (see [`LEASED_BY_ROW_VERSION`]).
     table_partitioned: ColumnPresence,
     /// The `aggregate_id` column's type, looked up at the first ordered
     /// claim that is given aggregates, and again after any ordered claim
@@ -767,6 +768,28 @@ impl Store {
         start: ClaimStart,
         published: &[String],
     ) -> Result<Claimed, StoreError> {
+        let claimed = self
+            .claim_following_once(budget, lease, ordering, filter, start, published)
+            .await?;
+        if self.converted_under(&claimed).await? {
+            return self
+                .claim_following_once(budget, lease, ordering, filter, start, published)
+                .await;
+        }
+        Ok(claimed)
+    }
+
+    /// [`Store::claim_following`] with the claims for the table's kind as
+    /// last looked up.
+    async fn claim_following_once(
+        &self,
+        budget: ClaimBudget,
+        lease: Duration,
+        ordering: Ordering,
+        filter: Option<&RouteFilter>,
+        start: ClaimStart,
+        published: &[String],
+    ) -> Result<Claimed, StoreError> {
         // Only a window bounds what an ordered claim passes over behind
         // its start: the following path finds the successors there, and
         // the sweeps the rest (see relay/windows.rs).
@@ -928,22 +951,51 @@ impl Store {
     ) -> Result<Claimed, StoreError> {
         let (from, from_id) = start.position();
         let end = start.end();
-        self.with_current_columns(|| async {
-            let (claims, filter) = self.claims(filter, self.claims_a_partitioned_table().await?);
-            let sql = &match on_publish {
-                OnPublish::Mark => &claims.claim_after_mark,
-                OnPublish::Delete => &claims.claim_after_delete,
-            }[usize::from(self.has_headers().await?)];
-            let mut params: Vec<Param<'_>> = vec![
-                (&from, Type::TIMESTAMPTZ),
-                (&from_id, Type::UUID),
-                (&ids, Type::UUID_ARRAY),
-                (&attempts, Type::INT4_ARRAY),
-            ];
-            push_filter_and_end(&mut params, filter, &end);
-            self.run_claim(sql, Plan::Generic, budget, lease, &params).await
-        })
-        .await
+        let claimed = self
+            .with_current_columns(|| async {
+                let (claims, filter) = self.claims(filter, self.claims_a_partitioned_table().await?);
+                let sql = &match on_publish {
+                    OnPublish::Mark => &claims.claim_after_mark,
+                    OnPublish::Delete => &claims.claim_after_delete,
+                }[usize::from(self.has_headers().await?)];
+                let mut params: Vec<Param<'_>> = vec![
+                    (&from, Type::TIMESTAMPTZ),
+                    (&from_id, Type::UUID),
+                    (&ids, Type::UUID_ARRAY),
+                    (&attempts, Type::INT4_ARRAY),
+                ];
+                push_filter_and_end(&mut params, filter, &end);
+                self.run_claim(sql, Plan::Generic, budget, lease, &params).await
+            })
+            .await?;
+        if self.converted_under(&claimed).await? {
+            // What the statement recorded is committed; only its claim is
+            // made again.
+            return self
+                .claim_following_once(budget, lease, Ordering::None, filter, start, &[])
+                .await;
+        }
+        Ok(claimed)
+    }
+
+    /// Whether the table has just been found partitioned (or inherited
+    /// from) after `claimed`, a claim that took nothing, locked rows it
+    /// could not lease: what a claim written for a plain table does on a
+    /// table converted since (see [`LEASED_BY_ROW_VERSION`]). The table is
+    /// looked at again at once, rather than at the next periodic look,
+    /// which would hold the claims up until then; the caller claims again.
+    /// Otherwise the rows changed under the claim, which a later claim
+    /// takes.
+    async fn converted_under(&self, claimed: &Claimed) -> Result<bool, StoreError> {
+        if claimed.unleased == 0 || !claimed.events.is_empty() || !claimed.unpublishable.is_empty() {
+            return Ok(false);
+        }
+        self.table_partitioned.forget();
+        let partitioned = self.claims_a_partitioned_table().await?;
+        if partitioned {
+            tracing::info!(table = %self.table, "the table's rows are in partitions (or tables inheriting from it) now: claims lease them by key");
+        }
+        Ok(partitioned)
     }
 
     /// Runs one of the claim statements: the budget and lease are its first
@@ -1008,6 +1060,12 @@ impl Store {
             };
             let mut claimed = Claimed::default();
             for row in &rows {
+                // Unreadable, it counts as not leased: a row is published
+                // only under the lease this claim counted.
+                if !matches!(row.try_get::<_, Option<bool>>(11), Ok(Some(true))) {
+                    claimed.unleased += 1;
+                    continue;
+                }
                 if let (Ok(id), Ok(Some(true))) =
                     (row.try_get::<_, Uuid>(0), row.try_get::<_, Option<bool>>(9))
                 {

@@ -25,9 +25,17 @@
 -- "A lease by row address").
 --
 -- Each column is read through its shared cast (see casts.rs), as the
--- admin commands read it. The last column, on every row, is how many
+-- admin commands read it. The eleventh column, on every row, is how many
 -- candidates the byte budget left out: a claim that left none and took
 -- fewer rows than $1 read all it could (see relay/windows.rs).
+--
+-- Every budgeted candidate comes back, the ones the lease did not find
+-- with `leased` false and nothing else of theirs: a row changed after the
+-- statement's snapshot, or every row once a plain table has been
+-- converted to a partitioned one under a claim written for the plain one
+-- (see LEASED_BY_ROW_VERSION). The relay publishes none of them; the
+-- second case makes it look at the table's kind again at once, so that
+-- a conversion does not hold claims up until the next periodic look.
 --
 -- Neither column set here is in an index (migrations/0008_hot_lease.sql):
 -- the lease is a HOT update when the row's page has room, which the
@@ -53,9 +61,10 @@ leased AS (
               {read:t.aggregate_id} AS aggregate_id, {read:t.created_at} AS created_at,
               {read:t.attempt_count} AS attempt_count, {headers} AS headers
 )
-SELECT l.id, l.causation_id, l.event_type, l.aggregate_id,
-       CASE WHEN b.payload_bytes <= $4::bigint THEN b.body END,
+SELECT b.id, l.causation_id, l.event_type, l.aggregate_id,
+       CASE WHEN l.id IS NOT NULL AND b.payload_bytes <= $4::bigint THEN b.body END,
        b.payload_bytes, l.created_at, l.attempt_count, l.headers, b.interrupted,
-       (SELECT count(*) FROM due) - (SELECT count(*) FROM budgeted)
-FROM leased AS l
-JOIN budgeted AS b ON b.id = l.id
+       (SELECT count(*) FROM due) - (SELECT count(*) FROM budgeted),
+       l.id IS NOT NULL AS leased
+FROM budgeted AS b
+LEFT JOIN leased AS l ON l.id = b.id
