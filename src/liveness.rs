@@ -132,18 +132,20 @@ impl Liveness {
 /// 1. the sink's readiness check, bounded by `OUTBOX_PUBLISH_TIMEOUT`,
 ///    after recording the last batch's confirmed rows if the check has to
 ///    wait (retried through a database outage until their lease runs out);
-/// 2. the claim, one statement bounded by the query timeout, plus one more
-///    the first time an ordered claim looks up the sequence column;
+/// 2. the claim, one statement bounded by the query timeout, plus at most
+///    two more: the first time an ordered claim looks up the sequence
+///    column, or, when a claim finds its table converted to a partitioned
+///    one, a look at the table's kind and the claim again;
 /// 3. then the longest of: the idle sleep (`OUTBOX_POLL_INTERVAL`), an
 ///    outage back-off or a wait for the next probe of a broker deferring
 ///    batches (both capped at the in-process retry cap), or a batch. A batch's publish and recording end by its
 ///    lease, except the last recording statement, which may start just
 ///    before the lease runs out and take the query timeout.
 ///
-/// With the defaults: (65 s + 30 s) + 2 × 30 s + (65 s + 30 s + 5 s) = 255 s.
+/// With the defaults: (65 s + 30 s) + 3 × 30 s + (65 s + 30 s + 5 s) = 285 s.
 pub fn stall_limit(bounds: LoopBounds) -> Duration {
     let ready = bounds.lease + bounds.publish_timeout;
-    let claim = QUERY_TIMEOUT * 2;
+    let claim = QUERY_TIMEOUT * 3;
     let batch = bounds.lease + QUERY_TIMEOUT + MAX_RETRY_DELAY;
     ready + claim + batch.max(bounds.poll_interval).max(MAX_RETRY_DELAY)
 }
@@ -222,11 +224,11 @@ mod tests {
             publish_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_millis(500),
         };
-        assert_eq!(stall_limit(defaults), Duration::from_secs(255));
+        assert_eq!(stall_limit(defaults), Duration::from_secs(285));
         let slow_poll = LoopBounds {
             poll_interval: Duration::from_secs(600),
             ..defaults
         };
-        assert_eq!(stall_limit(slow_poll), Duration::from_secs(65 + 30 + 60 + 600));
+        assert_eq!(stall_limit(slow_poll), Duration::from_secs(65 + 30 + 90 + 600));
     }
 }

@@ -476,7 +476,9 @@ impl Relay {
                     drop(turn.take());
                     self.windows.put_back(published);
                     // Another worker's statement was in the way; nothing
-                    // was claimed or recorded, and the database is fine.
+                    // was claimed, and the database is fine. (What was to be
+                    // recorded is recorded again, which matches nothing
+                    // where a statement before did record it.)
                     debug!(worker, error = %e, "claim gave way to another worker's statement; trying again");
                     if let Some(probed) = plan.probe {
                         self.destinations[probed].health.probe_abandoned();

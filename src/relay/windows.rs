@@ -204,15 +204,17 @@ pub enum Taken {
 impl Taken {
     /// What a claim that returned `rows` rows took, `last` the last of
     /// those it can publish that came from its window; `read_to_end`: the
-    /// claim had room for more rows and the byte budget left none out, so
-    /// its window held nothing else it could take. Such a claim whose rows
-    /// all came from elsewhere (retries, an ordered claim's next rows of
-    /// aggregates just published) moves the window on as one that took
-    /// nothing does; otherwise a stream of those would hold it where it is.
+    /// claim had room for more rows, the byte budget left none out and it
+    /// leased every row it locked, so its window held nothing else it
+    /// could take. Such a claim whose rows all came from elsewhere
+    /// (retries, an ordered claim's next rows of aggregates just
+    /// published) moves the window on as one that took nothing does;
+    /// otherwise a stream of those would hold it where it is. One that
+    /// took nothing without reading to the end locked rows that changed
+    /// under it: the window stays where it is, for them.
     pub fn of(rows: usize, last: Option<RowKey>, read_to_end: bool) -> Self {
         match (rows, last) {
             (_, Some(last)) => Self::UpTo(last),
-            (0, None) => Self::Nothing,
             (_, None) if read_to_end => Self::Nothing,
             (_, None) => Self::Unplaced,
         }
@@ -939,5 +941,24 @@ mod tests {
             MS,
         );
         assert_eq!(windows.next(&one_down(), now).from, Some(at(200)));
+    }
+
+    #[test]
+    fn a_claim_that_took_nothing_but_left_rows_unleased_keeps_its_window() {
+        assert_eq!(Taken::of(0, None, true), Taken::Nothing);
+        let now = Instant::now();
+        let windows = swept(now);
+        let tail = windows.next(&one_down(), now);
+        let from = tail.from;
+        // Every row it locked changed under it, so none was leased: they
+        // are still due, in this window.
+        windows.claimed(
+            &one_down(),
+            tail,
+            Some((at(200), 5)),
+            Taken::of(0, None, false),
+            MS,
+        );
+        assert_eq!(windows.next(&one_down(), now).from, from);
     }
 }

@@ -900,7 +900,11 @@ impl Store {
     /// `on_publish` says) and claims the next batch as
     /// [`Store::claim`] with [`Ordering::None`] does, in one statement:
     /// both happen or neither does. Ordered claims cannot see what the
-    /// same statement recorded, so they record on their own.
+    /// same statement recorded, so they record on their own. A statement
+    /// that finds its table converted to a partitioned one (see
+    /// [`Store::converted_under`]) stands, and only its claim is made
+    /// again: should that fail, the rows are recorded all the same, and
+    /// recording them again matches none of them.
     pub async fn record_and_claim(
         &self,
         on_publish: OnPublish,
@@ -990,12 +994,17 @@ impl Store {
         if claimed.unleased == 0 || !claimed.events.is_empty() || !claimed.unpublishable.is_empty() {
             return Ok(false);
         }
+        // A claim for a partitioned table leases by key, which follows a
+        // changed row: its rows changed under it some other way.
+        if self.claims_a_partitioned_table().await? {
+            return Ok(false);
+        }
         self.table_partitioned.forget();
-        let partitioned = self.claims_a_partitioned_table().await?;
-        if partitioned {
+        let converted = self.claims_a_partitioned_table().await?;
+        if converted {
             tracing::info!(table = %self.table, "the table's rows are in partitions (or tables inheriting from it) now: claims lease them by key");
         }
-        Ok(partitioned)
+        Ok(converted)
     }
 
     /// Runs one of the claim statements: the budget and lease are its first

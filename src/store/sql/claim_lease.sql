@@ -26,11 +26,13 @@
 --
 -- Each column is read through its shared cast (see casts.rs), as the
 -- admin commands read it. The eleventh column, on every row, is how many
--- candidates the byte budget left out: a claim that left none and took
--- fewer rows than $1 read all it could (see relay/windows.rs).
+-- candidates the byte budget left out: a claim that left none, leased
+-- every row it locked and took fewer rows than $1 read all it could (see
+-- relay/windows.rs).
 --
 -- Every budgeted candidate comes back, the ones the lease did not find
--- with `leased` false and nothing else of theirs: a row changed after the
+-- with `leased` false, their id and size but no columns of the lease nor
+-- their body: a row changed after the
 -- statement's snapshot, or every row once a plain table has been
 -- converted to a partitioned one under a claim written for the plain one
 -- (see LEASED_BY_ROW_VERSION). The relay publishes none of them; the
