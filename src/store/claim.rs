@@ -32,8 +32,9 @@ pub struct Claimed {
     /// Whether the byte budget left out rows the claim could have taken.
     pub cut_by_bytes: bool,
     /// Candidates the claim locked but did not lease, so did not take: rows
-    /// changed after its snapshot was taken (see claim_lease.sql). They
-    /// are still due, for a later claim.
+    /// changed after its snapshot was taken, or every row of a table
+    /// converted to a partitioned one under a claim written for a plain
+    /// one (see claim_lease.sql). They are still due, for a later claim.
     pub unleased: usize,
 }
 
