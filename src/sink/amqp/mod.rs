@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use futures::future::{join_all, BoxFuture};
+use futures::future::{join_all, BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
@@ -281,13 +281,44 @@ impl AmqpSink {
             Ok(sends) => sends,
             Err(_) => return Settled::unanswered(group, not_confirmed_in_time()),
         };
-        let mut waiting = FuturesUnordered::new();
         let mut answers: Vec<Option<Result<Confirmation, lapin::Error>>> = Vec::new();
         answers.resize_with(group.len(), || None);
+        let mut confirms = Vec::with_capacity(group.len());
         for (position, sent) in sends.into_iter().enumerate() {
             match sent {
-                Ok(confirm) => waiting.push(async move { (position, confirm.await) }),
+                Ok(confirm) => confirms.push((position, confirm)),
                 Err(e) => answers[position] = Some(Err(e)),
+            }
+        }
+        // Awaiting every message's confirm would have lapin's I/O thread
+        // wake this task for each answer as it arrives: a thread hand-off
+        // per message when answers trickle in. lapin also resolves one
+        // promise when the channel's newest message is answered (what
+        // `wait_for_confirms` awaits), so the group is woken once and the
+        // answers that are in by then are read without waiting. RabbitMQ
+        // may answer out of order, and a failed channel fails every
+        // confirm: what is still open is then awaited one by one, as it is
+        // when a send failed (the newest message may then never be
+        // answered).
+        if !confirms.is_empty() && confirms.len() == group.len() {
+            if let Ok(Ok(stray)) = tokio::time::timeout_at(deadline, channel.wait_for_confirms()).await {
+                // Returns of confirms dropped unanswered; a channel that
+                // dropped any is never reused, so these name no batch.
+                if !stray.is_empty() {
+                    debug!(
+                        returns = stray.len(),
+                        "RabbitMQ returns of an earlier batch on a reused channel"
+                    );
+                }
+            }
+        }
+        let mut waiting = FuturesUnordered::new();
+        for (position, mut confirm) in confirms {
+            // Polled through a reference: a PublisherConfirm dropped
+            // unanswered would be handed to the channel's own bookkeeping.
+            match (&mut confirm).now_or_never() {
+                Some(answer) => answers[position] = Some(answer),
+                None => waiting.push(async move { (position, confirm.await) }),
             }
         }
         // Answers that came before the deadline stand; the rest are left
