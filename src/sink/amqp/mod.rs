@@ -8,14 +8,16 @@
 //! Each batch in flight has a channel of its own, taken from a pool that
 //! grows to the number of concurrent batches: a channel error (RabbitMQ
 //! closes the channel) then fails only the batch that caused it, and a
-//! timed-out batch's channel is dropped with its late confirms instead of
-//! leaving them to a later batch.
+//! channel with any message of its batch unanswered is dropped with its
+//! late confirms instead of leaving them (and the returns lapin would hand
+//! them) to a later batch.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use futures::future::{join_all, BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
+use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::FieldTable;
@@ -294,22 +296,20 @@ impl AmqpSink {
         // wake this task for each answer as it arrives: a thread hand-off
         // per message when answers trickle in. lapin also resolves one
         // promise when the channel's newest message is answered (what
-        // `wait_for_confirms` awaits), so the group is woken once and the
-        // answers that are in by then are read without waiting. RabbitMQ
-        // may answer out of order, and a failed channel fails every
-        // confirm: what is still open is then awaited one by one, as it is
-        // when a send failed (the newest message may then never be
-        // answered).
+        // `wait_for_confirms` awaits), so the group is usually woken once
+        // and the answers that are in by then are read without waiting.
+        // RabbitMQ may answer out of order, and a failed channel fails
+        // every confirm: what is still open is then awaited together, as
+        // before. After a failed send the newest message may never be
+        // answered, so that wait is skipped.
+        let mut handed_back = Vec::new();
         if !confirms.is_empty() && confirms.len() == group.len() {
-            if let Ok(Ok(stray)) = tokio::time::timeout_at(deadline, channel.wait_for_confirms()).await {
-                // Returns of confirms dropped unanswered; a channel that
-                // dropped any is never reused, so these name no batch.
-                if !stray.is_empty() {
-                    debug!(
-                        returns = stray.len(),
-                        "RabbitMQ returns of an earlier batch on a reused channel"
-                    );
-                }
+            if let Ok(Ok(returns)) = tokio::time::timeout_at(deadline, channel.wait_for_confirms()).await {
+                // lapin hands back the returns that confirms dropped
+                // unanswered carried. A channel is pooled only when every
+                // message on it was answered, so there should be none; if
+                // one came, it is attributed like any other.
+                handed_back = returns;
             }
         }
         let mut waiting = FuturesUnordered::new();
@@ -332,11 +332,17 @@ impl AmqpSink {
         };
         let _ = tokio::time::timeout_at(deadline, collect).await;
         drop(waiting);
-        let settled = self.settle(events, group, answers);
-        if settled
-            .outcomes
-            .iter()
-            .all(|(_, outcome)| !matches!(outcome, Outcome::Deferred(_)))
+        // A confirm dropped unanswered stays with its channel, and lapin
+        // gives the next return it receives to whichever confirm it
+        // resolves next: on a pooled channel that could be the dropped one,
+        // and a later batch's unroutable message would read as delivered.
+        let every_message_answered = answers.iter().all(Option::is_some);
+        let settled = self.settle(events, group, answers, &handed_back);
+        if every_message_answered
+            && settled
+                .outcomes
+                .iter()
+                .all(|(_, outcome)| !matches!(outcome, Outcome::Deferred(_)))
             && settled.closed_by.is_none()
         {
             link.release(channel);
@@ -356,8 +362,14 @@ impl AmqpSink {
         events: &[Event],
         group: &[Message],
         answers: Vec<Option<Result<Confirmation, lapin::Error>>>,
+        handed_back: &[BasicReturnMessage],
     ) -> Settled {
-        let returns = Returns::collect(answers.iter().flatten(), events, &self.config.exchange);
+        let returns = Returns::collect(
+            answers.iter().flatten(),
+            handed_back,
+            events,
+            &self.config.exchange,
+        );
         if let Some(stray) = &returns.stray {
             // Some message of this group may have gone nowhere and we cannot
             // tell which: marking any row could lose it, so all are retried.

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use lapin::message::BasicReturnMessage;
 use lapin::Confirmation;
 use uuid::Uuid;
 
@@ -25,8 +26,11 @@ pub(super) struct Returns {
 }
 
 impl Returns {
+    /// `handed_back`: returns lapin gave back apart from any confirmation
+    /// (`Channel::wait_for_confirms`).
     pub(super) fn collect<'c>(
         confirmations: impl Iterator<Item = &'c Result<Confirmation, lapin::Error>>,
+        handed_back: &'c [BasicReturnMessage],
         events: &[Event],
         exchange: &str,
     ) -> Self {
@@ -38,7 +42,7 @@ impl Returns {
             Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned))) => Some(returned),
             _ => None,
         });
-        for returned in carried {
+        for returned in carried.chain(handed_back) {
             let reason = format!(
                 "returned by RabbitMQ as unroutable: {} {} (exchange '{exchange}', routing key '{}')",
                 returned.reply_code, returned.reply_text, returned.delivery.routing_key
