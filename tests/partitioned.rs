@@ -409,6 +409,74 @@ async fn claims_of_a_table_other_tables_inherit_from_take_the_rows_of_both() {
     assert_eq!(taken.len(), 10, "the rows of both tables taken");
 }
 
+/// A relay that runs while other tables begin to inherit from its plain
+/// table claims with the statements written for a plain table, which
+/// lease the parent's rows and leave the inheritors' locked but not
+/// leased. The claim returns the parent's rows, and the relay looks at the
+/// table's kind at once: its next claim leases by key and takes the
+/// inheritors' rows too, instead of leaving them until the periodic look.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_that_left_an_inheritors_rows_unleased_makes_the_next_claim_take_them() {
+    let db = TestDb::migrated().await;
+    let lease = Duration::from_secs(600);
+    let store = store(&db);
+    let claimed = store.claim(budget(100), lease, Ordering::None).await.unwrap();
+    assert!(
+        claimed.events.is_empty(),
+        "nothing to claim yet; the table is plain"
+    );
+    db.client
+        .batch_execute(
+            "CREATE TABLE outbox_event_inheritor () INHERITS (outbox_event);
+             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(1, 10, 2) AS n;
+             INSERT INTO outbox_event_inheritor (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(2, 10, 2) AS n;",
+        )
+        .await
+        .expect("an inheriting table with rows");
+    let inheritors: Vec<Uuid> = db.column("SELECT id FROM ONLY outbox_event_inheritor", &[]).await;
+    let four = budget(4);
+    // Rows 1 to 4 are the candidates, parent and inheritor in turn.
+    let first = store.claim(four, lease, Ordering::None).await.unwrap();
+    assert_eq!(first.events.len(), 2, "the parent's two rows are taken");
+    assert_eq!(first.unleased, 2, "the inheritor's two are locked, not leased");
+    assert!(
+        first.events.iter().all(|event| !inheritors.contains(&event.id)),
+        "no inheritor's row is returned by a claim that did not lease it"
+    );
+    let second = store.claim(four, lease, Ordering::None).await.unwrap();
+    assert_eq!(second.unleased, 0, "the next claim leases by key");
+    assert_eq!(second.events.len(), 4, "and takes a full batch");
+    let mut second_rows: Vec<&str> = second
+        .events
+        .iter()
+        .map(|event| event.aggregate_id.as_str())
+        .collect();
+    second_rows.sort();
+    assert_eq!(
+        second_rows,
+        ["order-2", "order-4", "order-5", "order-6"],
+        "the inheritor's rows the first claim left come first"
+    );
+    let mut taken: Vec<Uuid> = first
+        .events
+        .iter()
+        .chain(&second.events)
+        .map(|event| event.id)
+        .collect();
+    taken.sort();
+    let mut leased: Vec<Uuid> = db
+        .column("SELECT id FROM outbox_event WHERE leased_until > now()", &[])
+        .await;
+    leased.sort();
+    assert_eq!(leased, taken, "the claims leased exactly the rows they returned");
+}
+
 /// An ordered claim on a partitioned table reads the heads it finds
 /// behind its window's start in their own partitions (joined on id and
 /// created_at, see claim_ordered.sql), wherever they lie: here in a day

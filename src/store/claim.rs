@@ -32,9 +32,10 @@ pub struct Claimed {
     /// Whether the byte budget left out rows the claim could have taken.
     pub cut_by_bytes: bool,
     /// Candidates the claim locked but did not lease, so did not take: rows
-    /// changed after its snapshot was taken, or every row of a table
+    /// changed after its snapshot was taken, every row of a table
     /// converted to a partitioned one under a claim written for a plain
-    /// one (see claim_lease.sql). They are still due, for a later claim.
+    /// one, or the rows of tables that began to inherit from a plain one
+    /// (see claim_lease.sql). They are still due, for a later claim.
     pub unleased: usize,
 }
 

@@ -982,16 +982,19 @@ impl Store {
         Ok(claimed)
     }
 
-    /// Whether the table has just been found partitioned (or inherited
-    /// from) after `claimed`, a claim that took nothing, locked rows it
-    /// could not lease: what a claim written for a plain table does on a
-    /// table converted since (see [`LEASED_BY_ROW_VERSION`]). The table is
-    /// looked at again at once, rather than at the next periodic look,
-    /// which would hold the claims up until then; the caller claims again.
-    /// Otherwise the rows changed under the claim, which a later claim
-    /// takes.
+    /// Whether the caller should claim again because the table has just
+    /// been found partitioned (or inherited from) after `claimed`: a claim
+    /// written for a plain table that locked rows it could not lease, as it
+    /// does on rows that are in other relations now (see
+    /// [`LEASED_BY_ROW_VERSION`]). The table is looked at again at once,
+    /// rather than at the next periodic look, which would hold those rows
+    /// up until then. Only a claim that took nothing is made again; one
+    /// that took some rows (the parent's own, of a table that others have
+    /// begun to inherit from) returns them, and the next claim leases by
+    /// key. If the table is still plain, the rows changed under the claim,
+    /// which a later claim takes.
     async fn converted_under(&self, claimed: &Claimed) -> Result<bool, StoreError> {
-        if claimed.unleased == 0 || !claimed.events.is_empty() || !claimed.unpublishable.is_empty() {
+        if claimed.unleased == 0 {
             return Ok(false);
         }
         // A claim for a partitioned table leases by key, which follows a
@@ -1004,7 +1007,7 @@ impl Store {
         if converted {
             tracing::info!(table = %self.table, "the table's rows are in partitions (or tables inheriting from it) now: claims lease them by key");
         }
-        Ok(converted)
+        Ok(converted && claimed.events.is_empty() && claimed.unpublishable.is_empty())
     }
 
     /// Runs one of the claim statements: the budget and lease are its first

@@ -33,11 +33,12 @@
 -- Every budgeted candidate comes back, the ones the lease did not find
 -- with `leased` false, their id and size but no columns of the lease nor
 -- their body: a row changed after the
--- statement's snapshot, or every row once a plain table has been
--- converted to a partitioned one under a claim written for the plain one
--- (see LEASED_BY_ROW_VERSION). The relay publishes none of them; the
--- second case makes it look at the table's kind again at once, so that
--- a conversion does not hold claims up until the next periodic look.
+-- statement's snapshot, every row once a plain table has been
+-- converted to a partitioned one under a claim written for the plain one,
+-- or the rows of tables that began to inherit from it (see
+-- LEASED_BY_ROW_VERSION). The relay publishes none of them, and looks at
+-- the table's kind again at once, so that a conversion or a new
+-- inheritor does not hold claims up until the next periodic look.
 --
 -- Neither column set here is in an index (migrations/0008_hot_lease.sql):
 -- the lease is a HOT update when the row's page has room, which the
