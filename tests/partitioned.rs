@@ -247,6 +247,26 @@ async fn addresses_of_two_rows(db: &TestDb) -> i64 {
     .await[0]
 }
 
+/// A table `outbox_event_inheritor` that inherits from the outbox, and
+/// ten rows created in turn: the odd ones (`order-1`, `order-3`, …) in the
+/// outbox itself, the even ones in the inheritor.
+async fn inheritor_with_rows(db: &TestDb) {
+    db.client
+        .batch_execute(
+            "CREATE TABLE outbox_event_inheritor () INHERITS (outbox_event);
+             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(1, 10, 2) AS n;
+             INSERT INTO outbox_event_inheritor (id, event_type, aggregate_id, payload, created_at)
+             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
+                    now() - interval '1 hour' + n * interval '1 millisecond'
+             FROM generate_series(2, 10, 2) AS n;",
+        )
+        .await
+        .expect("an inheriting table with rows");
+}
+
 /// A relay that runs while its table is converted to a partitioned one
 /// (docs/operations.md) claims with the statements written for a plain
 /// table until it looks at the table again. Those lease the rows they
@@ -367,20 +387,7 @@ async fn claims_written_for_a_plain_table_notice_at_once_that_it_is_partitioned(
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_of_a_table_other_tables_inherit_from_take_the_rows_of_both() {
     let db = TestDb::migrated().await;
-    db.client
-        .batch_execute(
-            "CREATE TABLE outbox_event_inheritor () INHERITS (outbox_event);
-             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
-             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
-                    now() - interval '1 hour' + n * interval '1 millisecond'
-             FROM generate_series(1, 10, 2) AS n;
-             INSERT INTO outbox_event_inheritor (id, event_type, aggregate_id, payload, created_at)
-             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
-                    now() - interval '1 hour' + n * interval '1 millisecond'
-             FROM generate_series(2, 10, 2) AS n;",
-        )
-        .await
-        .expect("an inheriting table with rows");
+    inheritor_with_rows(&db).await;
     assert_eq!(
         addresses_of_two_rows(&db).await,
         5,
@@ -425,20 +432,7 @@ async fn a_claim_that_left_an_inheritors_rows_unleased_makes_the_next_claim_take
         claimed.events.is_empty(),
         "nothing to claim yet; the table is plain"
     );
-    db.client
-        .batch_execute(
-            "CREATE TABLE outbox_event_inheritor () INHERITS (outbox_event);
-             INSERT INTO outbox_event (id, event_type, aggregate_id, payload, created_at)
-             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
-                    now() - interval '1 hour' + n * interval '1 millisecond'
-             FROM generate_series(1, 10, 2) AS n;
-             INSERT INTO outbox_event_inheritor (id, event_type, aggregate_id, payload, created_at)
-             SELECT gen_random_uuid(), 'order.created', 'order-' || n, '{}',
-                    now() - interval '1 hour' + n * interval '1 millisecond'
-             FROM generate_series(2, 10, 2) AS n;",
-        )
-        .await
-        .expect("an inheriting table with rows");
+    inheritor_with_rows(&db).await;
     let inheritors: Vec<Uuid> = db.column("SELECT id FROM ONLY outbox_event_inheritor", &[]).await;
     let four = budget(4);
     // Rows 1 to 4 are the candidates, parent and inheritor in turn.
